@@ -1,0 +1,40 @@
+"""Preload Debian's OpenBLAS so that MLX's CPU backend uses it for matmuls.
+
+mlx[cpu] wheels resolve cblas_* symbols dynamically; a library loaded earlier with RTLD_GLOBAL wins.
+Measured on the 2-core dev VM: fp32 1024x1024x4096 matmul 7.5 GFLOP/s (bundled BLAS) vs 242 GFLOP/s
+(openblas-pthread). Opt out with TTG_NO_OPENBLAS=1; a missing library is not an error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3",
+    "/usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3",
+)
+_loaded: str | None = None
+
+
+def preload_openblas() -> str | None:
+    """Load OpenBLAS globally (once); returns its path, or None when not used."""
+    global _loaded
+    if _loaded is not None or not sys.platform.startswith("linux"):
+        return _loaded
+    if os.environ.get("TTG_NO_OPENBLAS") == "1" or "mlx.core" in sys.modules:
+        return None
+    for path in _CANDIDATES:
+        if os.path.exists(path):
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                continue
+            _loaded = path
+            return path
+    return None
+
+
+def openblas_path() -> str | None:
+    return _loaded
