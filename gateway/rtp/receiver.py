@@ -1,0 +1,365 @@
+"""The asyncio adapter of one call leg's media: RTP/RTCP sockets → `MediaCore` → `MediaSink`.
+
+    manager = MediaManager.from_settings(settings)            # once, in the daemon
+    media = await manager.open(plan, sink, name=call_id)       # per accepted m= line; PortsExhausted → 503
+    answer = answerer.answer(negotiation, [media.port])
+    media.update(new_plan)                                     # re-INVITE
+    stats = media.close()                                      # flushes the last audio into the sink
+
+Thin by design: each datagram goes to the core with `loop.time()`, the events that come back go to the
+sink (a sink exception is logged and never reaches the socket), and one `loop.call_at` timer per call
+serves the core's `next_deadline()` and a once-a-second metrics flush. The timer is only moved earlier
+per packet, never re-armed for a later deadline (the core tolerates early wake-ups), so a steady stream
+costs no timer churn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from gateway import metrics
+from gateway.audio.media import (
+    PENDING_PLAN,
+    AudioBlock,
+    DtmfDigit,
+    MediaConfig,
+    MediaCore,
+    MediaEvent,
+    MediaSink,
+    MediaStats,
+    MediaTimeout,
+)
+from gateway.rtp.ports import PortPool, PortsExhausted
+from gateway.sdp import MediaPlan
+
+if TYPE_CHECKING:
+    from gateway.config import RtpSettings, Settings
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CallMedia", "MediaManager", "PortsExhausted", "advertised_address", "media_config"]
+
+METRICS_PERIOD_S = 1.0
+BIND_ATTEMPTS = 32  # pairs tried when ports of the range are taken by other processes
+
+
+def media_config(rtp: RtpSettings) -> MediaConfig:
+    """The core's dataclass from the deployment settings (the edge is the only place that reads them)."""
+    return MediaConfig(
+        playout_delay_s=rtp.playout_delay_ms / 1000,
+        block_ms=rtp.block_ms,
+        max_gap_ms=rtp.max_gap_ms,
+        idle_fill_after_s=rtp.idle_fill_after_ms / 1000,
+        inactivity_timeout_s=rtp.inactivity_timeout_s,
+        hold_timeout_s=rtp.hold_timeout_s,
+        relatch_after_s=rtp.relatch_after_ms / 1000,
+        resample_quality=rtp.resample_quality,
+    )
+
+
+def advertised_address(settings: Settings, local_ip: str | None = None) -> str:
+    """The address our SDP puts in c=/o= (separate from the bind address, for NAT and containers).
+
+    First of: TTG_RTP__ADVERTISED_HOST, TTG_SIP__ADVERTISED_HOST, the RTP bind address when it is a
+    concrete one, `local_ip` (the local address the INVITE arrived on). Never a wildcard: c=0.0.0.0 tells
+    the peer to put the call on hold (RFC 3264 §8.4).
+    """
+    for candidate in (
+        settings.rtp.advertised_host,
+        settings.sip.advertised_host,
+        settings.rtp.host,
+        local_ip,
+    ):
+        if candidate and candidate not in _WILDCARDS:
+            return candidate
+    raise ValueError(
+        "no address to advertise: set TTG_RTP__ADVERTISED_HOST (the RTP bind address is a wildcard)"
+    )
+
+
+_WILDCARDS = frozenset({"0.0.0.0", "::", "0:0:0:0:0:0:0:0", ""})
+
+
+class _Protocol(asyncio.DatagramProtocol):
+    __slots__ = ("_media", "_rtcp")
+
+    def __init__(self, media: CallMedia, rtcp: bool) -> None:
+        self._media = media
+        self._rtcp = rtcp
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self._media._datagram(data, addr, self._rtcp)
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP errors for datagrams we never sent (we do not send RTP); nothing to do but note it.
+        logger.debug("RTP socket error: %s", exc)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    infos = socket.getaddrinfo(
+        host, port, type=socket.SOCK_DGRAM, flags=socket.AI_NUMERICHOST | socket.AI_PASSIVE
+    )
+    family, socktype, proto, _, sockaddr = infos[0]
+    sock = socket.socket(family, socktype, proto)
+    try:
+        sock.setblocking(False)
+        sock.bind(sockaddr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class MediaManager:
+    """Owns the port pool and the receive settings; opens one `CallMedia` per accepted stream."""
+
+    def __init__(
+        self,
+        config: MediaConfig,
+        *,
+        host: str = "0.0.0.0",
+        port_min: int = 20000,
+        port_max: int = 30000,
+        quarantine_s: float = 2.0,
+    ) -> None:
+        self.config = config
+        self.host = host
+        self.pool = PortPool(port_min, port_max, quarantine_s=quarantine_s)
+        self._open: set[CallMedia] = set()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> MediaManager:
+        rtp = settings.rtp
+        return cls(
+            media_config(rtp),
+            host=rtp.host,
+            port_min=rtp.port_min,
+            port_max=rtp.port_max,
+            quarantine_s=rtp.port_quarantine_s,
+        )
+
+    @property
+    def streams(self) -> int:
+        return len(self._open)
+
+    async def open(self, plan: MediaPlan | None, sink: MediaSink, *, name: str = "") -> CallMedia:
+        """Bind an RTP/RTCP port pair and start receiving. Raises PortsExhausted (answer 503).
+
+        `plan=None` when we make the offer (delayed offer): nothing is accepted until `update(plan)`."""
+        if plan is None:
+            plan = PENDING_PLAN
+        loop = asyncio.get_running_loop()
+        rtp_sock, rtcp_sock, port = self._bind_pair(loop.time())
+        media = CallMedia(self, plan, sink, port, name, loop)
+        try:
+            rtp_tr, _ = await loop.create_datagram_endpoint(lambda: _Protocol(media, False), sock=rtp_sock)
+            rtcp_tr, _ = await loop.create_datagram_endpoint(lambda: _Protocol(media, True), sock=rtcp_sock)
+        except BaseException:
+            rtp_sock.close()
+            rtcp_sock.close()
+            self.pool.release(port, loop.time())
+            raise
+        media._attach(rtp_tr, rtcp_tr)
+        self._open.add(media)
+        metrics.RTP_STREAMS.inc()
+        return media
+
+    def close_all(self) -> list[MediaStats]:
+        return [media.close() for media in list(self._open)]
+
+    def _bind_pair(self, now: float) -> tuple[socket.socket, socket.socket, int]:
+        for _ in range(min(BIND_ATTEMPTS, self.pool.capacity)):
+            try:
+                port = self.pool.acquire(now)
+            except PortsExhausted:
+                metrics.RTP_PORTS_EXHAUSTED.inc()
+                raise
+            try:
+                rtp = _bind(self.host, port)
+            except OSError as exc:
+                logger.warning("RTP port %d not bindable (%s); trying the next pair", port, exc)
+                self.pool.release(port, now)
+                continue
+            try:
+                rtcp = _bind(self.host, port + 1)
+            except OSError as exc:
+                logger.warning("RTCP port %d not bindable (%s); trying the next pair", port + 1, exc)
+                rtp.close()
+                self.pool.release(port, now)
+                continue
+            return rtp, rtcp, port
+        metrics.RTP_PORTS_EXHAUSTED.inc()
+        raise PortsExhausted(f"no bindable RTP port pair on {self.host} after {BIND_ATTEMPTS} attempts")
+
+    def _closed(self, media: CallMedia, now: float) -> None:
+        if media in self._open:
+            self._open.discard(media)
+            self.pool.release(media.port, now)
+            metrics.RTP_STREAMS.dec()
+
+
+class CallMedia:
+    """One call leg's media: the sockets, the core, the timer and the sink."""
+
+    def __init__(
+        self,
+        manager: MediaManager,
+        plan: MediaPlan,
+        sink: MediaSink,
+        port: int,
+        name: str,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.port = port
+        self.rtcp_port = port + 1
+        self.name = name
+        self._manager = manager
+        self._sink = sink
+        self._loop = loop
+        self._core = MediaCore(plan, manager.config, loop.time())
+        self._transports: list[asyncio.DatagramTransport] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._metrics_at = loop.time() + METRICS_PERIOD_S
+        self._published: dict[str, int] = {}
+        self._final: MediaStats | None = None
+
+    # --- API for the session ---------------------------------------------------------------------
+
+    @property
+    def plan(self) -> MediaPlan:
+        return self._core.plan
+
+    @property
+    def closed(self) -> bool:
+        return self._final is not None
+
+    def stats(self) -> MediaStats:
+        return self._final if self._final is not None else self._core.stats()
+
+    def update(self, plan: MediaPlan) -> None:
+        """A re-INVITE's outcome for this stream: codec, remote address, hold/resume."""
+        if self._final is not None:
+            return
+        self._deliver(self._core.update(plan, self._loop.time()))
+        self._schedule()
+
+    def close(self) -> MediaStats:
+        """Flush the last audio, DTMF and resampler tail into the sink; free the ports. Idempotent."""
+        if self._final is not None:
+            return self._final
+        now = self._loop.time()
+        events = self._core.close(now)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for transport in self._transports:
+            transport.close()
+        self._transports.clear()
+        stats = self._core.stats()
+        self._final = stats
+        self._publish_metrics()
+        if stats.packets_received:
+            metrics.RTP_JITTER.observe(stats.jitter_ms / 1000)
+        self._manager._closed(self, now)
+        self._deliver(events)
+        logger.info(
+            "media %s closed: %d packets, lost %d, late %d, dup %d, invalid %d, ssrc changes %d, "
+            "dtmf %d, jitter %.1f ms, audio %d ms",
+            self.name, stats.packets_received, stats.lost, stats.late, stats.duplicate, stats.invalid,
+            stats.ssrc_changes, stats.dtmf_events, stats.jitter_ms, stats.audio_ms,
+        )  # fmt: skip
+        return stats
+
+    # --- adapter internals -----------------------------------------------------------------------
+
+    def _attach(self, rtp: asyncio.DatagramTransport, rtcp: asyncio.DatagramTransport) -> None:
+        self._transports = [rtp, rtcp]
+        self._schedule()
+
+    def _datagram(self, data: bytes, addr: Any, rtcp: bool) -> None:
+        if self._final is not None:
+            return
+        addr = (addr[0], addr[1])  # IPv6 addresses come as 4-tuples
+        now = self._loop.time()
+        if rtcp:
+            events = self._core.rtcp_datagram(data, addr, now)
+        else:
+            events = self._core.datagram(data, addr, now)
+        if events:
+            self._deliver(events)
+        deadline = self._core.next_deadline()
+        if deadline is not None and deadline < self._timer_at:
+            self._schedule()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        if self._final is not None:
+            return
+        now = self._loop.time()
+        self._deliver(self._core.handle_timer(now))
+        if now >= self._metrics_at:
+            self._publish_metrics()
+            self._metrics_at = now + METRICS_PERIOD_S
+        self._schedule()
+
+    def _schedule(self) -> None:
+        when = self._metrics_at
+        deadline = self._core.next_deadline()
+        if deadline is not None and deadline < when:
+            when = deadline
+        if self._timer is not None:
+            if when >= self._timer_at:
+                return
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._on_timer)
+
+    def _deliver(self, events: Sequence[MediaEvent]) -> None:
+        sink = self._sink
+        for ev in events:
+            try:
+                if type(ev) is AudioBlock:
+                    sink.on_audio(ev.pcm, ev.start_ms)
+                elif type(ev) is DtmfDigit:
+                    metrics.DTMF_EVENTS.inc()
+                    sink.on_dtmf(ev.digit, ev.start_ms, ev.duration_ms)
+                elif type(ev) is MediaTimeout:
+                    metrics.RTP_TIMEOUTS.inc()
+                    state = "on hold" if ev.on_hold else "active"
+                    logger.info("media %s: no RTP for %.1f s (%s)", self.name, ev.idle_s, state)
+                    sink.on_inactive()
+            except Exception:
+                logger.exception("media sink of %s failed on %s", self.name, type(ev).__name__)
+
+    def _publish_metrics(self) -> None:
+        core = self._core
+        current = {
+            "received": core.packets_received,
+            "lost": core.lost_settled,
+            "late": core.late,
+            "duplicate": core.duplicate,
+        }
+        for reason, n in core.invalid.items():
+            current["invalid:" + reason] = n
+        published = self._published
+        for key, value in current.items():
+            delta = value - published.get(key, 0)
+            if delta <= 0:
+                continue
+            published[key] = value
+            if key == "received":
+                metrics.RTP_RECEIVED.labels(core.plan.codec).inc(delta)
+            elif key == "lost":
+                metrics.RTP_LOST.inc(delta)
+            elif key == "late":
+                metrics.RTP_LATE.inc(delta)
+            elif key == "duplicate":
+                metrics.RTP_DUPLICATE.inc(delta)
+            else:
+                metrics.RTP_INVALID.labels(key.partition(":")[2]).inc(delta)

@@ -1,0 +1,267 @@
+"""The asyncio adapter over real UDP on 127.0.0.1: the acceptance scenario, junk, ports, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import struct
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from gateway.audio.media import MediaConfig
+from gateway.config import Settings
+from gateway.rtp.receiver import CallMedia, MediaManager, PortsExhausted, advertised_address
+from gateway.rtp.sender import Impairments, RtpSender, ScheduledPacket
+from gateway.sdp import MediaPlan
+from tests.gateway.media.helpers import assert_audio_matches, oracle, speech_like
+
+pytestmark = pytest.mark.timeout(60)
+
+# A port range of our own, away from the SIP tests' defaults; binding retries past ports in use.
+PORT_BASE = 42000 + 2 * random.Random().randrange(0, 1000)
+CONFIG = MediaConfig(playout_delay_s=0.25, idle_fill_after_s=0.0, inactivity_timeout_s=30.0)
+PLAN = MediaPlan(0, "PCMU", 0, "127.0.0.1", 9, 10, dtmf_payload_type=101, cn_payload_type=13)
+
+
+class RecordingSink:
+    def __init__(self, fail_first_audio: bool = False) -> None:
+        self.blocks: list[tuple[int, np.ndarray]] = []
+        self.digits: list[tuple[str, int, int]] = []
+        self.inactive = 0
+        self._fail = fail_first_audio
+
+    def on_audio(self, pcm16k: np.ndarray, start_ms: int) -> None:
+        if self._fail:
+            self._fail = False
+            raise RuntimeError("sink bug")
+        self.blocks.append((start_ms, pcm16k.copy()))
+
+    def on_dtmf(self, digit: str, start_ms: int, duration_ms: int) -> None:
+        self.digits.append((digit, start_ms, duration_ms))
+
+    def on_inactive(self) -> None:
+        self.inactive += 1
+
+    @property
+    def audio(self) -> np.ndarray:
+        return np.concatenate([pcm for _, pcm in self.blocks]) if self.blocks else np.zeros(0, np.float32)
+
+
+def manager(config: MediaConfig = CONFIG, pairs: int = 50) -> MediaManager:
+    return MediaManager(config, host="127.0.0.1", port_min=PORT_BASE, port_max=PORT_BASE + 2 * pairs - 1)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def paced(sock: socket.socket, port: int, packets: Sequence[ScheduledPacket], speed: float) -> None:
+    """Send on the packets' own clock, `speed` times faster than real time."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for p in packets:
+        delay = t0 + p.at / speed - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sock.sendto(p.data, ("127.0.0.1", port))
+
+
+async def settle(media: CallMedia, packets: int, timeout: float = 10.0) -> None:
+    """Wait until the receiver has seen `packets` RTP packets (datagrams are asynchronous)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while media.stats().packets_received < packets and loop.time() < end:
+        await asyncio.sleep(0.01)
+
+
+async def test_impaired_stream_over_udp_gives_an_exact_timeline_dtmf_and_counters() -> None:
+    pcm = speech_like(16000, seed=5)
+    sender = RtpSender("PCMU", ssrc=0xA, seq=65500, timestamp=2**32 - 4000)
+    sender.audio(pcm[:9600]).silence(400, comfort_noise=True).audio(pcm[9600:12800])
+    sender.dtmf("5", 200).audio(pcm[12800:16000])
+    sender.change_ssrc(0xB, seq=1000, timestamp=123456).audio(pcm[:4800]).dtmf("#", 120).audio(pcm[4800:6400])
+    late_index = 120  # an audio packet of the second source, arriving ~1 s after its playout deadline
+    assert sender.packets[late_index].ssrc == 0xB and sender.packets[late_index].kind == "audio"
+    net = Impairments.of(loss={10, 11, 45}, duplicate={20, 21}, delay={30: 0.03, 70: 0.035, late_index: 10.0})
+    wire = net.apply(sender.packets)
+    before = {
+        "received": sample("ttg_rtp_packets_received_total", codec="PCMU"),
+        "lost": sample("ttg_rtp_packets_lost_total"),
+        "late": sample("ttg_rtp_packets_late_total"),
+        "dup": sample("ttg_rtp_packets_duplicate_total"),
+        "dtmf": sample("ttg_dtmf_events_total"),
+        "jitter": sample("ttg_rtp_jitter_seconds_count"),
+        "streams": sample("ttg_rtp_streams"),
+    }
+    mgr = manager()
+    sink = RecordingSink()
+    media = await mgr.open(PLAN, sink, name="udp-acceptance")
+    assert media.port % 2 == 0 and media.rtcp_port == media.port + 1
+    assert sample("ttg_rtp_streams") == before["streams"] + 1
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        await paced(tx, media.port, wire, speed=10.0)
+        await settle(media, len(wire))
+    finally:
+        tx.close()
+    await asyncio.sleep(0.3)  # past the playout delay of the last gap
+    stats = media.close()
+
+    expected = oracle([p for p in wire if p.index != late_index])
+    assert_audio_matches(sink.audio, expected.pcm8k)
+    assert [start for start, _ in sink.blocks] == [80 * k for k in range(len(sink.blocks))]
+    assert sink.digits == expected.digits and [d for d, _, _ in sink.digits] == ["5", "#"]
+    assert (stats.lost, stats.late, stats.duplicate, stats.ssrc_changes, stats.dtmf_events) == (3, 1, 2, 1, 2)
+    assert stats.packets_received == len(wire) and stats.invalid == 0
+    assert stats.source.startswith("127.0.0.1:")
+    assert sample("ttg_rtp_packets_received_total", codec="PCMU") - before["received"] == len(wire)
+    assert sample("ttg_rtp_packets_lost_total") - before["lost"] == 3
+    assert sample("ttg_rtp_packets_late_total") - before["late"] == 1
+    assert sample("ttg_rtp_packets_duplicate_total") - before["dup"] == 2
+    assert sample("ttg_dtmf_events_total") - before["dtmf"] == 2
+    assert sample("ttg_rtp_jitter_seconds_count") - before["jitter"] == 1
+    assert sample("ttg_rtp_streams") == before["streams"]
+    assert mgr.streams == 0 and mgr.pool.in_use == 0
+
+
+async def test_junk_on_both_ports_is_counted_and_the_call_is_unaffected() -> None:
+    sender = RtpSender("PCMU", ssrc=7, seq=1, timestamp=0).audio(speech_like(4000, 1))
+    junk = [b"", b"\x00", b"INVITE sip:x SIP/2.0\r\n\r\n", bytes(200), b"\x80\x60" + bytes(170)]
+    reasons = {"too_short": 2, "bad_version": 2, "unknown_pt": 1}
+    before = {r: sample("ttg_rtp_packets_invalid_total", reason=r) for r in [*reasons, "bad_rtcp"]}
+    mgr = manager()
+    sink = RecordingSink()
+    media = await mgr.open(PLAN, sink)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for i, p in enumerate(sender.packets):
+            tx.sendto(p.data, ("127.0.0.1", media.port))
+            if i < len(junk):
+                tx.sendto(junk[i], ("127.0.0.1", media.port))
+            if i % 5 == 0:
+                await asyncio.sleep(0.002)
+        tx.sendto(b"\x80\xc9\x00\x05" + bytes(4), ("127.0.0.1", media.rtcp_port))  # bad RTCP length
+        tx.sendto(struct.pack("!BBHI", 0x80, 201, 1, 7), ("127.0.0.1", media.rtcp_port))  # a valid RR
+        await settle(media, len(sender.packets))
+        await asyncio.sleep(0.05)
+    finally:
+        tx.close()
+    stats = media.close()
+    assert stats.invalid_reasons == {**reasons, "bad_rtcp": 1}
+    assert stats.rtcp_packets == 1 and stats.lost == 0
+    assert_audio_matches(sink.audio, oracle(sender.packets).pcm8k)
+    for reason, n in {**reasons, "bad_rtcp": 1}.items():
+        assert sample("ttg_rtp_packets_invalid_total", reason=reason) - before[reason] == n
+
+
+async def test_a_failing_sink_does_not_stop_the_media() -> None:
+    sender = RtpSender("PCMU", ssrc=7, seq=1, timestamp=0).audio(speech_like(4000, 2))
+    sink = RecordingSink(fail_first_audio=True)
+    media = await manager().open(PLAN, sink)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        await paced(tx, media.port, sender.packets, speed=20.0)
+        await settle(media, len(sender.packets))
+    finally:
+        tx.close()
+    media.close()
+    assert [start for start, _ in sink.blocks] == [
+        80 * k for k in range(1, 7)
+    ]  # block 0 was lost in the sink
+
+
+async def test_inactivity_reaches_the_sink_once() -> None:
+    sink = RecordingSink()
+    media = await manager(replace(CONFIG, inactivity_timeout_s=0.2)).open(PLAN, sink)
+    await asyncio.sleep(0.6)
+    assert sink.inactive == 1 and media.stats().timed_out
+    media.update(PLAN)  # a re-INVITE restarts the clock
+    await asyncio.sleep(0.35)
+    assert sink.inactive == 2
+    media.close()
+
+
+async def test_ports_are_freed_on_close_and_exhaustion_is_reported() -> None:
+    mgr = MediaManager(CONFIG, host="127.0.0.1", port_min=PORT_BASE + 2000, port_max=PORT_BASE + 2003,
+                       quarantine_s=0.0)  # fmt: skip
+    a = await mgr.open(PLAN, RecordingSink())
+    await mgr.open(PLAN, RecordingSink())
+    with pytest.raises(PortsExhausted):
+        await mgr.open(PLAN, RecordingSink())
+    port = a.port
+    a.close()
+    a.close()  # idempotent
+    await asyncio.sleep(0)  # transports close on the next loop iteration
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.bind(("127.0.0.1", port))  # the port is really free
+    probe.close()
+    c = await mgr.open(PLAN, RecordingSink())
+    assert c.port == port
+    assert mgr.close_all() and mgr.streams == 0
+
+
+async def test_a_port_taken_by_another_process_is_skipped() -> None:
+    base = PORT_BASE + 2100
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    squatter.bind(("127.0.0.1", base + 1))  # the RTCP port of the first pair
+    try:
+        mgr = MediaManager(CONFIG, host="127.0.0.1", port_min=base, port_max=base + 5)
+        media = await mgr.open(PLAN, RecordingSink())
+        assert media.port == base + 2
+        media.close()
+    finally:
+        squatter.close()
+
+
+async def test_nothing_is_left_running_after_close() -> None:
+    mgr = manager()
+    medias = [await mgr.open(PLAN, RecordingSink()) for _ in range(5)]
+    for m in medias:
+        m.close()
+    await asyncio.sleep(0)
+    assert mgr.streams == 0 and mgr.pool.in_use == 0
+    assert {t for t in asyncio.all_tasks() if t is not asyncio.current_task()} == set()
+    assert all(m._timer is None for m in medias)
+
+
+def test_the_advertised_address_prefers_rtp_then_sip_then_a_concrete_bind_address() -> None:
+    s = Settings()
+    assert advertised_address(s, local_ip="10.0.0.9") == "10.0.0.9"  # bind 0.0.0.0: use where the INVITE came
+    s.rtp.host = "192.0.2.1"
+    assert advertised_address(s) == "192.0.2.1"
+    s.sip.advertised_host = "203.0.113.1"
+    assert advertised_address(s) == "203.0.113.1"
+    s.rtp.advertised_host = "203.0.113.2"
+    assert advertised_address(s) == "203.0.113.2"
+    with pytest.raises(ValueError):
+        advertised_address(Settings())
+
+
+async def test_a_stream_opened_before_its_answer_accepts_rtp_only_after_update() -> None:
+    sender = RtpSender("PCMA", ssrc=7, seq=1, timestamp=0).audio(speech_like(1600, 3))
+    sink = RecordingSink()
+    media = await manager().open(None, sink)  # delayed offer: our offer is out, no answer yet
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        tx.sendto(sender.packets[0].data, ("127.0.0.1", media.port))
+        await settle_invalid(media, 1)
+        media.update(replace(PLAN, codec="PCMA", payload_type=8))
+        await paced(tx, media.port, sender.packets[1:], speed=20.0)
+        await settle(media, len(sender.packets) - 1)
+    finally:
+        tx.close()
+    stats = media.close()
+    assert stats.invalid_reasons == {"unknown_pt": 1} and stats.codec == "PCMA"
+    assert_audio_matches(sink.audio, oracle(sender.packets[1:], "PCMA").pcm8k)
+
+
+async def settle_invalid(media: CallMedia, n: int) -> None:
+    for _ in range(500):
+        if media.stats().invalid >= n:
+            return
+        await asyncio.sleep(0.01)
