@@ -22,22 +22,56 @@ class ModelSettings(BaseModel):
         "auto", description="Encoder precision; auto = f32 on CPU, f16 on a GPU"
     )
     mel_filters: str = Field("", description="Override path of melfilters.f32 (default: in the bundle)")
-    encoder_weights: str = Field("", description="Override path of encoder.safetensors (default: in the bundle)")
+    encoder_weights: str = Field(
+        "", description="Override path of encoder.safetensors (default: in the bundle)"
+    )
     encoder: Literal["mlx"] = Field("mlx", description="Encoder backend (only MLX)")
 
 
 class AsrSettings(BaseModel):
     language: str = Field("en-US", description="Default call language (a prompt-table locale or 'auto')")
-    lookahead: int | None = Field(None, description="Encoder lookahead in 80 ms frames; empty = bundle default")
+    lookahead: int | None = Field(
+        None, description="Encoder lookahead in 80 ms frames; empty = bundle default"
+    )
+    endpoint_blank_ms: int = Field(
+        800, gt=0, description="An utterance ends after no new token for this long (in quiet audio)"
+    )
+    endpoint_energy_db: float = Field(
+        -45.0, le=0, description="Audio below this (dBFS) is quiet for endpointing; 0 = judge by tokens only"
+    )
+    endpoint_max_blank_ms: int = Field(
+        2000, gt=0, description="No new token for this long ends an utterance whatever the audio level"
+    )
+    max_segment_ms: int = Field(
+        30000, gt=0, description="Longest utterance; cut before the next word past it"
+    )
+    partials: bool = Field(True, description="Publish partial transcripts (the open utterance's text so far)")
+    partial_interval_ms: int = Field(
+        300, ge=0, description="At most one partial per this much audio of a call"
+    )
 
 
 class EncoderSettings(BaseModel):
     max_batch: int = Field(64, ge=1, description="Most chunks (calls) in one encoder step")
     max_wait_ms: float = Field(10.0, ge=0, description="Longest a ready chunk waits for a fuller batch")
+    max_queued_chunks: int = Field(
+        16, ge=2, description="Chunks a call may queue for the encoder; beyond it the oldest is dropped"
+    )
 
 
 class DecoderSettings(BaseModel):
     workers: int = Field(2, ge=1, description="RNN-T decoder worker threads (one ORT session each)")
+    mode: Literal["workers", "batched"] = Field(
+        "batched", description="batched: a worker decodes all its due calls in one pass; workers: one by one"
+    )
+    max_undecoded_chunks: int = Field(
+        2, ge=1, description="Chunks of a call encoded but not yet decoded before its encoding waits"
+    )
+
+
+def _sip_list(*items: Any) -> list[Any]:
+    """A fresh list default for the Literal-typed list fields of SipSettings."""
+    return list(items)
 
 
 class SipSettings(BaseModel):
@@ -46,7 +80,41 @@ class SipSettings(BaseModel):
     advertised_host: str = Field("", description="Address put in Contact/SDP; empty = the bind address")
     max_calls: int = Field(200, ge=0, description="Concurrent calls admitted; more get 503 + Retry-After")
     allow_cidrs: list[str] = Field(
-        default_factory=lambda: ["0.0.0.0/0", "::/0"], description="Source networks allowed to call (else 403)"
+        default_factory=lambda: ["0.0.0.0/0", "::/0"],
+        description="Source networks allowed to call (else 403)",
+    )
+    transports: list[Literal["udp", "tcp"]] = Field(
+        default_factory=lambda: _sip_list("udp", "tcp"), description="SIP transports to listen on (same port)"
+    )
+    user_agent: str = Field("ttg", description="Server/User-Agent header value")
+    digest_user: str = Field("", description="Digest auth user for INVITEs (RFC 7616); empty = no auth")
+    digest_password: str = Field("", description="Digest auth password")
+    digest_realm: str = Field("ttg", description="Digest auth realm")
+    digest_algorithms: list[Literal["SHA-256", "MD5"]] = Field(
+        default_factory=lambda: _sip_list("SHA-256", "MD5"), description="Digest algorithms offered, in order"
+    )
+    invite_rate: float = Field(
+        0.0, ge=0, description="New INVITEs per second per source IP (token bucket); 0 = no limit"
+    )
+    invite_burst: int = Field(
+        20, ge=1, description="INVITEs a source may send at once before the rate applies"
+    )
+    retry_after_s: int = Field(5, ge=0, description="Retry-After of 503 answers (capacity, rate, draining)")
+    language_header: str = Field("X-Language", description="INVITE header naming the call's language")
+    dnis_languages: dict[str, str] = Field(
+        default_factory=dict,
+        description='Dialed number -> language, JSON, e.g. {"+4930*": "de-DE"} (* = prefix)',
+    )
+    metadata_headers: list[str] = Field(
+        default_factory=lambda: ["X-*"], description="INVITE headers copied into call_start (globs)"
+    )
+    answer_delay_ms: int = Field(
+        0, ge=0, description="Ring (180) this long before answering; 0 = answer at once"
+    )
+    t1_ms: int = Field(500, ge=10, description="SIP timer T1 (RTT estimate; retransmission base)")
+    max_tcp_connections: int = Field(1024, ge=1, description="Concurrent SIP TCP connections")
+    asr_finish_timeout_s: float = Field(
+        10.0, gt=0, description="After hang-up, longest wait for the call's final transcript"
     )
 
 
@@ -54,15 +122,94 @@ class RtpSettings(BaseModel):
     host: str = Field("0.0.0.0", description="RTP bind address")
     port_min: int = Field(20000, ge=1024, le=65534, description="Lowest RTP port (even)")
     port_max: int = Field(30000, ge=1025, le=65535, description="Highest RTP port")
+    advertised_host: str = Field(
+        "", description="Address in our SDP c=/o=; empty = TTG_SIP__ADVERTISED_HOST, else the RTP bind host"
+    )
+    codecs: list[Literal["PCMU", "PCMA"]] = Field(
+        default_factory=lambda: ["PCMU", "PCMA"],  # type: ignore[arg-type]  # (mypy infers list[str])
+        description="Accepted audio codecs (the offer's order wins)",
+    )
+    max_streams: int = Field(
+        1, ge=1, le=32, description="Audio m= lines accepted per call (SIPREC: one per leg)"
+    )
+    ptime_ms: int = Field(
+        20, ge=10, le=60, description="a=ptime of answers when the offer has none in 10-60 ms"
+    )
+    playout_delay_ms: int = Field(
+        60, ge=0, le=2000, description="How long a sequence gap waits for a reordered packet (then concealed)"
+    )
+    block_ms: int = Field(80, ge=10, le=1000, description="Size of the 16 kHz audio blocks handed to ASR")
+    max_gap_ms: int = Field(
+        5000, ge=0, description="Most silence inserted for one RTP timestamp jump (DTX, hold, bad sender)"
+    )
+    idle_fill_after_ms: int = Field(
+        500, ge=0, description="No packets for this long: feed ASR silence in real time (0 = never)"
+    )
+    inactivity_timeout_s: float = Field(
+        30.0, ge=0, description="No RTP/RTCP for this long ends the call (0 = never)"
+    )
+    hold_timeout_s: float = Field(
+        300.0, ge=0, description="The same while the call is on hold (sendonly/inactive/0.0.0.0; 0 = never)"
+    )
+    relatch_after_ms: int = Field(
+        2000, ge=0, description="Latched RTP source silent this long: accept another (0 = only via re-INVITE)"
+    )
+    port_quarantine_s: float = Field(
+        2.0, ge=0, description="A released RTP port pair rests this long before reuse"
+    )
+    resample_quality: Literal["LQ", "MQ", "HQ", "VHQ"] = Field(
+        "HQ", description="soxr quality of the 8 -> 16 kHz upsampler"
+    )
 
 
 class RedisSettings(BaseModel):
     url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL")
     stream: str = Field("ttg:transcripts", description="The global transcript stream (the contract)")
+    maxlen: int = Field(
+        1_000_000, ge=1, description="Approximate cap on the global stream's length (XADD MAXLEN ~)"
+    )
+    calls_stream: str = Field(
+        "ttg:calls", description="Calls index stream (call_start/call_end only); empty = none"
+    )
+    calls_maxlen: int = Field(100_000, ge=1, description="Approximate cap on the calls index stream's length")
+    per_call_streams: bool = Field(
+        False, description="Also write each call+leg to <stream>:call:<call_id>:<leg> (explicit IDs <seq>-0)"
+    )
+    per_call_ttl_s: int = Field(
+        3600, ge=1, description="A per-call stream expires this long after its last event"
+    )
+    dedupe_ttl_s: int = Field(
+        86_400, ge=60, description="How long Redis remembers a call+leg's last seq (refuses duplicates)"
+    )
+    socket_timeout_s: float = Field(2.0, gt=0, description="Redis command timeout")
+    connect_timeout_s: float = Field(1.0, gt=0, description="Redis connect timeout")
+    retries: int = Field(
+        2, ge=0, description="Client retries of one command (exponential backoff) before Redis counts as down"
+    )
+    health_check_interval_s: int = Field(
+        5, ge=0, description="PING an idle Redis connection this often (seconds)"
+    )
 
 
 class SinkSettings(BaseModel):
     spool_dir: str = Field("var/spool", description="Where durable events wait while Redis is down")
+    spool_max_bytes: int = Field(
+        1 << 30, ge=4096, description="Largest spool file; beyond it events are dropped (counted)"
+    )
+    spool_fsync_interval_s: float = Field(
+        0.2, ge=0, description="fdatasync the spool at most this often while writing (0 = after every write)"
+    )
+    max_buffered: int = Field(
+        20_000,
+        ge=1,
+        description="Events held in memory for Redis before partials are dropped and the rest spooled",
+    )
+    spill_after_s: float = Field(
+        2.0, ge=0, description="Redis down this long: durable events move to the spool"
+    )
+    batch_max: int = Field(500, ge=1, description="Events per Redis round trip")
+    backoff_cap_s: float = Field(5.0, gt=0, description="Longest wait between reconnection attempts")
+    flush_timeout_s: float = Field(5.0, ge=0, description="On shutdown, time allowed to send what is left")
 
 
 class HttpSettings(BaseModel):

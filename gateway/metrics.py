@@ -8,6 +8,10 @@ declared here. Tests read values with `REGISTRY.get_sample_value(...)` deltas.
 
 from __future__ import annotations
 
+import platform
+from collections.abc import Callable, Iterable, Sequence
+from importlib import metadata
+
 from prometheus_client import Counter, Gauge, Histogram, Info
 
 # Histogram buckets in seconds, chosen around the 320 ms chunk.
@@ -29,22 +33,35 @@ RTP_RECEIVED = Counter("ttg_rtp_packets_received_total", "RTP packets received",
 RTP_LOST = Counter("ttg_rtp_packets_lost_total", "RTP packets never received (concealed)")
 RTP_LATE = Counter("ttg_rtp_packets_late_total", "RTP packets that arrived after their playout deadline")
 RTP_DUPLICATE = Counter("ttg_rtp_packets_duplicate_total", "Duplicate RTP packets dropped")
-RTP_INVALID = Counter("ttg_rtp_packets_invalid_total", "Datagrams on RTP ports that were not valid RTP", ["reason"])
+RTP_INVALID = Counter(
+    "ttg_rtp_packets_invalid_total", "Datagrams on RTP ports that were not valid RTP", ["reason"]
+)
 RTP_JITTER = Histogram(
     "ttg_rtp_jitter_seconds",
     "Interarrival jitter per call at hang-up (RFC 3550 A.8)",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32),
 )
 DTMF_EVENTS = Counter("ttg_dtmf_events_total", "RFC 4733 DTMF events received")
+RTP_STREAMS = Gauge("ttg_rtp_streams", "RTP streams (port pairs) currently open")
+RTP_TIMEOUTS = Counter("ttg_rtp_timeouts_total", "Streams that hit the (hold-aware) RTP inactivity timeout")
+RTP_PORTS_EXHAUSTED = Counter(
+    "ttg_rtp_ports_exhausted_total", "Streams refused because no RTP port pair was free or bindable"
+)
 
 # --- ASR engine (fed through asr_core's EngineHooks) ----------------------------------------------
-ENCODER_STEP = Histogram("ttg_encoder_step_seconds", "Wall time of one batched encoder step", buckets=_STEP_BUCKETS)
+ENCODER_STEP = Histogram(
+    "ttg_encoder_step_seconds", "Wall time of one batched encoder step", buckets=_STEP_BUCKETS
+)
 ENCODER_BATCH = Histogram("ttg_encoder_batch_size", "Chunks (calls) per encoder step", buckets=_BATCH_BUCKETS)
 ASR_QUEUE_WAIT = Histogram(
     "ttg_asr_queue_wait_seconds", "Time a ready chunk waited before its encoder step", buckets=_STEP_BUCKETS
 )
-DECODER_STEP = Histogram("ttg_decoder_step_seconds", "Wall time of one RNN-T decode step", buckets=_STEP_BUCKETS)
-ASR_DROPPED_CHUNKS = Counter("ttg_asr_chunks_dropped_total", "Audio chunks dropped because a call fell behind")
+DECODER_STEP = Histogram(
+    "ttg_decoder_step_seconds", "Wall time of one RNN-T decode step", buckets=_STEP_BUCKETS
+)
+ASR_DROPPED_CHUNKS = Counter(
+    "ttg_asr_chunks_dropped_total", "Audio chunks dropped because a call fell behind"
+)
 TRANSCRIPT_LATENCY = Histogram(
     "ttg_transcript_latency_seconds",
     "From the arrival of the audio that completed a chunk to its transcript event",
@@ -57,3 +74,168 @@ EVENTS_PUBLISHED = Counter("ttg_events_published_total", "Events written to Redi
 EVENTS_DROPPED = Counter("ttg_events_dropped_total", "Events dropped (never written)", ["type", "reason"])
 EVENTS_BUFFERED = Gauge("ttg_events_buffered", "Events waiting in memory or in the spool for Redis")
 REDIS_UP = Gauge("ttg_redis_up", "1 when the last Redis round trip succeeded")
+EVENTS_DUPLICATES = Counter(
+    "ttg_events_duplicates_total",
+    "Events Redis already had when sent again (a retry after a lost reply, a replay); not stored twice",
+    ["type"],
+)
+EVENTS_SPOOLED = Counter(
+    "ttg_events_spooled_total", "Events written to the on-disk spool for Redis", ["type"]
+)
+SPOOL_CORRUPT = Counter(
+    "ttg_spool_corrupt_records_total",
+    "Damaged spool records skipped at startup (torn by a crash, bad checksum)",
+)
+REDIS_REQUEST = Histogram(
+    "ttg_redis_request_seconds",
+    "Round trip of one Redis request of the sink (a batch or a PING)",
+    buckets=_STEP_BUCKETS,
+)
+
+# --- known label values: every series exists (at 0) from startup, so rates and alerts have data ----
+# Adapters use these values; add a value here before using a new one.
+EVENT_TYPES = ("call_start", "partial", "final", "dtmf", "call_end")
+DROP_REASONS = ("buffer_full", "redis_down", "shutdown", "spool_full", "rejected", "invalid")
+CALL_RESULTS = (
+    "admitted",
+    "rejected_capacity",
+    "rejected_draining",
+    "rejected_rate",
+    "rejected_forbidden",
+    "rejected_codec",
+    "rejected_auth",
+    "cancelled",
+    "failed",
+)
+SIP_METHODS = ("INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "UPDATE", "PRACK", "REGISTER", "other")
+SIP_CODES = ("100", "180", "200", "400", "403", "404", "405", "408", "481", "486", "487", "488", "500", "503")
+SIP_ERROR_REASONS = (
+    "malformed",
+    "truncated",
+    "too_large",
+    "version",
+    "binary",
+    # gateway.sip: requests from outside allow_cidrs, responses matching no transaction of ours,
+    # TCP streams that could not be framed, the connection cap, failed sends, bugs caught per message,
+    # requests refused (503) because the transaction table is full
+    "forbidden_source",
+    "stray_response",
+    "framing",
+    "tcp_limit",
+    "send_failed",
+    "internal",
+    "overload",
+)
+CODECS = ("PCMU", "PCMA")
+# gateway.rtp: parse failures (packet.py), then the receiver's own drops (audio/media.py).
+RTP_INVALID_REASONS = (
+    "too_short",
+    "bad_version",
+    "truncated",
+    "bad_padding",
+    "bad_rtcp",
+    "unknown_pt",
+    "wrong_source",
+    "seq_jump",
+    "stray_ssrc",
+    "bad_dtmf",
+)
+TRANSCRIPT_TYPES = ("partial", "final")
+
+
+def init_metrics(
+    model: str = "", extra_labels: Iterable[tuple[Counter | Histogram, Sequence[str]]] = ()
+) -> None:
+    """Create every known labelled series and set ttg_build_info. Call once at startup."""
+    for ev_type in EVENT_TYPES:
+        EVENTS_PUBLISHED.labels(ev_type)
+        EVENTS_DUPLICATES.labels(ev_type)
+        EVENTS_SPOOLED.labels(ev_type)
+        for reason in DROP_REASONS:
+            EVENTS_DROPPED.labels(ev_type, reason)
+    for result in CALL_RESULTS:
+        CALLS.labels(result)
+    for method in SIP_METHODS:
+        SIP_REQUESTS.labels(method)
+    for code in SIP_CODES:
+        SIP_RESPONSES.labels(code)
+    for reason in SIP_ERROR_REASONS:
+        SIP_ERRORS.labels(reason)
+    for codec in CODECS:
+        RTP_RECEIVED.labels(codec)
+    for reason in RTP_INVALID_REASONS:
+        RTP_INVALID.labels(reason)
+    for kind in TRANSCRIPT_TYPES:
+        TRANSCRIPT_LATENCY.labels(kind)
+    for metric, values in extra_labels:
+        for value in values:
+            metric.labels(value)
+    set_build_info(model)
+
+
+def set_build_info(model: str = "") -> None:
+    from gateway import __version__
+
+    def version_of(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return ""
+
+    BUILD_INFO.info(
+        {
+            "version": __version__,
+            "python": platform.python_version(),
+            "mlx": version_of("mlx"),
+            "onnxruntime": version_of("onnxruntime"),
+            "model": model,
+        }
+    )
+
+
+class PrometheusEngineHooks:
+    """asr_core.hooks.EngineHooks that feeds the engine histograms (called on engine threads;
+    prometheus_client is thread-safe and each call is a few hundred ns)."""
+
+    def encoder_step(self, seconds: float, batch_size: int, queue_waits_s: Sequence[float]) -> None:
+        ENCODER_STEP.observe(seconds)
+        ENCODER_BATCH.observe(batch_size)
+        for wait in queue_waits_s:
+            ASR_QUEUE_WAIT.observe(wait)
+
+    def decoder_step(self, seconds: float, n_streams: int) -> None:
+        DECODER_STEP.observe(seconds)
+
+    def chunk_dropped(self, stream_id: str) -> None:
+        ASR_DROPPED_CHUNKS.inc()  # no stream label: call ids are unbounded
+
+    def transcript(self, kind: str, latency_s: float) -> None:
+        TRANSCRIPT_LATENCY.labels(kind).observe(latency_s)
+
+
+class PrometheusSinkHooks:
+    """gateway.sink.core.SinkHooks that feeds the event metrics."""
+
+    def published(self, type: str, duplicate: bool) -> None:
+        EVENTS_PUBLISHED.labels(type).inc()
+        if duplicate:
+            EVENTS_DUPLICATES.labels(type).inc()
+
+    def dropped(self, type: str, reason: str, n: int = 1) -> None:
+        if n:
+            EVENTS_DROPPED.labels(type, reason).inc(n)
+
+    def spooled(self, type: str) -> None:
+        EVENTS_SPOOLED.labels(type).inc()
+
+    def redis_up(self, up: bool) -> None:
+        REDIS_UP.set(1 if up else 0)
+
+    def spool_corrupt(self, n: int) -> None:
+        SPOOL_CORRUPT.inc(n)
+
+    def request(self, seconds: float) -> None:
+        REDIS_REQUEST.observe(seconds)
+
+    def bind_buffered(self, fn: Callable[[], float]) -> None:
+        EVENTS_BUFFERED.set_function(fn)

@@ -6,4 +6,9 @@ from __future__ import annotations
 
 import asr_core  # noqa: F401  (preloads OpenBLAS before any test imports mlx)
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = [
+    "tests.fixtures.bundle",
+    "tests.fixtures.redis",
+    "tests.fixtures.replay",
+    "tests.fixtures.telephony",
+]

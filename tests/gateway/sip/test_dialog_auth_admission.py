@@ -1,0 +1,186 @@
+"""Dialog table (§12), digest authentication (RFC 7616) and admission (allow-list, cap, rate)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.sip.admission import Admission, AdmissionConfig
+from gateway.sip.auth import AuthResult, DigestAuthenticator, DigestConfig, authorization_header
+from gateway.sip.dialog import TRANSITIONS, Dialog, DialogState, DialogStateError
+from gateway.sip.headers import Via, parse_credentials
+from gateway.sip.message import SipRequest, parse_message
+from tests.gateway.sip.factories import invite, request
+
+
+def req(data: bytes) -> SipRequest:
+    message = parse_message(data)
+    assert isinstance(message, SipRequest)
+    return message
+
+
+# --- dialog ---------------------------------------------------------------------------------------
+
+
+def make_dialog() -> Dialog:
+    r = req(invite(extra=("Record-Route: <sip:p1@127.0.0.2;lr>, <sip:p2@127.0.0.3;lr>",)))
+    return Dialog.from_invite(r, "gwtag")
+
+
+def test_dialog_identity_and_route_set_come_from_the_invite() -> None:
+    d = make_dialog()
+    assert d.id == ("call-1@127.0.0.1", "gwtag", "uac-tag")
+    assert d.remote_target == "sip:alice@127.0.0.1:5070"
+    assert d.route_set == ("<sip:p1@127.0.0.2;lr>", "<sip:p2@127.0.0.3;lr>")
+    assert d.local_uri.tag == "gwtag" and d.remote_uri.tag == "uac-tag"
+
+
+def test_dialog_bye_is_addressed_to_the_remote_target_with_our_tags() -> None:
+    d = make_dialog()
+    d.apply("answer")
+    via = Via("UDP", "127.0.0.1", 5060, (("branch", "z9hG4bKgw1"),))
+    first = d.local_seq
+    bye = d.make_request("BYE", via)
+    assert bye.uri == "sip:alice@127.0.0.1:5070"
+    assert bye.from_.tag == "gwtag" and bye.to.tag == "uac-tag"
+    assert bye.cseq.seq == first + 1 and bye.cseq.method == "BYE"
+    assert bye.headers.get_all("Route") == ["<sip:p1@127.0.0.2;lr>", "<sip:p2@127.0.0.3;lr>"]
+    # It parses back as a valid request.
+    from gateway.sip.message import serialize
+
+    assert req(serialize(bye)).call_id == d.call_id
+
+
+def test_dialog_remote_cseq_must_grow() -> None:
+    d = make_dialog()
+    d.apply("answer")
+    assert not d.accept_remote_cseq(req(request("BYE", cseq=1, to_tag="gwtag")))
+    assert d.accept_remote_cseq(req(request("BYE", cseq=2, to_tag="gwtag")))
+    assert d.accept_remote_cseq(req(request("ACK", cseq=1, to_tag="gwtag")))  # ACK is not checked
+
+
+@pytest.mark.parametrize("state", list(DialogState))
+def test_dialog_illegal_inputs_raise_and_leave_the_state(state: DialogState) -> None:
+    for event in ("provisional", "answer", "reject", "reinvite", "bye_received", "bye_sent"):
+        d = make_dialog()
+        d.state = state
+        if event in TRANSITIONS[state]:
+            assert d.apply(event) is TRANSITIONS[state][event]
+        else:
+            with pytest.raises(DialogStateError):
+                d.apply(event)
+            assert d.state is state
+
+
+# --- digest ---------------------------------------------------------------------------------------
+
+CFG = DigestConfig(realm="ttg", username="pbx", password="s3cret", secret=b"k" * 32, nonce_ttl_s=30)
+
+
+def challenge_nonce(auth: DigestAuthenticator, now: float) -> str:
+    _, params = parse_credentials(auth.challenges(now)[0])
+    return params["nonce"]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "qop"),
+    # -sess variants need a cnonce, which only comes with qop (RFC 7616 §3.4.2).
+    [("MD5", "auth"), ("MD5", None), ("SHA-256", "auth"), ("SHA-256", None), ("MD5-sess", "auth"),
+     ("SHA-256-sess", "auth")],
+)  # fmt: skip
+def test_digest_accepts_the_right_password(algorithm: str, qop: str | None) -> None:
+    auth = DigestAuthenticator(CFG)
+    nonce = challenge_nonce(auth, 100.0)
+    value = authorization_header(
+        username="pbx", password="s3cret", realm="ttg", nonce=nonce, method="INVITE", uri="sip:1@gw",
+        algorithm=algorithm, qop=qop,
+    )  # fmt: skip
+    assert auth.verify("INVITE", "sip:1@gw", [value], 101.0) is AuthResult.OK
+
+
+def test_digest_rfc7616_example_vector_md5() -> None:
+    # RFC 2617 §3.5's worked example (same MD5 computation in RFC 7616 §3.4.1).
+    from gateway.sip.auth import _h
+
+    ha1 = _h("MD5", "Mufasa:testrealm@host.com:Circle Of Life")
+    ha2 = _h("MD5", "GET:/dir/index.html")
+    response = _h("MD5", f"{ha1}:dcd98b7102dd2f0e8b11d0f600bfb0c093:00000001:0a4f113b:auth:{ha2}")
+    assert response == "6629fae49393a05397450978507c4ef1"
+
+
+def test_digest_rejects_wrong_password_uri_and_replays() -> None:
+    auth = DigestAuthenticator(CFG)
+    nonce = challenge_nonce(auth, 0.0)
+    kw: dict[str, Any] = dict(username="pbx", realm="ttg", nonce=nonce, method="INVITE", uri="sip:1@gw")
+    bad = authorization_header(password="nope", **kw)
+    assert auth.verify("INVITE", "sip:1@gw", [bad], 1.0) is AuthResult.REJECTED
+    good = authorization_header(password="s3cret", **kw)
+    assert auth.verify("INVITE", "sip:2@gw", [good], 1.0) is AuthResult.REJECTED  # uri mismatch
+    assert auth.verify("INVITE", "sip:1@gw", [good], 1.0) is AuthResult.OK
+    assert auth.verify("INVITE", "sip:1@gw", [good], 2.0) is AuthResult.REJECTED  # same nc: replay
+    again = authorization_header(password="s3cret", nc=2, **kw)
+    assert auth.verify("INVITE", "sip:1@gw", [again], 2.0) is AuthResult.OK
+
+
+def test_digest_expired_nonce_is_stale_and_foreign_nonce_is_missing() -> None:
+    auth = DigestAuthenticator(CFG)
+    nonce = challenge_nonce(auth, 0.0)
+    value = authorization_header(
+        username="pbx", password="s3cret", realm="ttg", nonce=nonce, method="INVITE", uri="sip:1@gw"
+    )
+    assert auth.verify("INVITE", "sip:1@gw", [value], 31.0) is AuthResult.STALE
+    other = DigestAuthenticator(
+        DigestConfig(realm="ttg", username="pbx", password="s3cret", secret=b"z" * 32)
+    )
+    assert other.verify("INVITE", "sip:1@gw", [value], 1.0) is AuthResult.MISSING
+    assert (
+        auth.verify("INVITE", "sip:1@gw", ["NoOneKnowsThisScheme opaque-data=here"], 1.0)
+        is AuthResult.MISSING
+    )
+    assert auth.verify("INVITE", "sip:1@gw", [], 1.0) is AuthResult.MISSING
+    assert "stale=true" in auth.challenges(1.0, stale=True)[0]
+
+
+def test_digest_challenges_offer_sha256_before_md5() -> None:
+    values = DigestAuthenticator(CFG).challenges(0.0)
+    assert [parse_credentials(v)[1]["algorithm"] for v in values] == ["SHA-256", "MD5"]
+
+
+# --- admission ------------------------------------------------------------------------------------
+
+
+def test_allow_list_by_cidr_v4_v6_and_mapped() -> None:
+    adm = Admission(AdmissionConfig(allow_cidrs=("10.0.0.0/8", "127.0.0.1/32", "2001:db8::/32")))
+    assert adm.source_allowed("10.1.2.3")
+    assert adm.source_allowed("127.0.0.1")
+    assert not adm.source_allowed("127.0.0.2")
+    assert adm.source_allowed("2001:db8::5")
+    assert adm.source_allowed("::ffff:10.0.0.1")
+    assert not adm.source_allowed("not-an-ip")
+
+
+def test_max_calls_and_draining_give_503_with_retry_after() -> None:
+    adm = Admission(AdmissionConfig(max_calls=2, retry_after_s=7))
+    assert adm.admit_invite("127.0.0.1", 1, 0.0).admitted
+    full = adm.admit_invite("127.0.0.1", 2, 0.0)
+    assert (full.status, full.retry_after_s, full.label) == (503, 7, "rejected_capacity")
+    adm.draining = True
+    assert adm.admit_invite("127.0.0.1", 0, 0.0).label == "rejected_draining"
+
+
+def test_rate_limit_is_a_token_bucket_per_source() -> None:
+    adm = Admission(AdmissionConfig(invite_rate_per_s=2.0, invite_burst=3))
+    assert all(adm.admit_invite("10.0.0.1", 0, 0.0).admitted for _ in range(3))
+    limited = adm.admit_invite("10.0.0.1", 0, 0.0)
+    assert (limited.status, limited.label, limited.retry_after_s) == (503, "rejected_rate", 1)
+    assert adm.admit_invite("10.0.0.2", 0, 0.0).admitted  # another source has its own bucket
+    assert adm.admit_invite("10.0.0.1", 0, 0.6).admitted  # refilled 1.2 tokens
+    assert not adm.admit_invite("10.0.0.1", 0, 0.6).admitted
+
+
+def test_rate_limit_table_stays_bounded() -> None:
+    adm = Admission(AdmissionConfig(invite_rate_per_s=1.0, max_tracked_sources=100))
+    for i in range(1000):
+        adm.admit_invite(f"10.0.{i // 250}.{i % 250}", 0, float(i))
+    assert len(adm._buckets) == 100

@@ -1,0 +1,439 @@
+"""Write the Grafana dashboards ops/grafana/dashboards/{gateway,asr}.json from the panel lists below.
+
+    python -m tools.gen_dashboards          # rewrite the files
+    python -m tools.gen_dashboards --check  # exit 1 if a file differs (tests/ops runs this)
+
+Every panel queries the datasource chosen in the `datasource` variable (`${datasource}`, never the
+export-only `${DS_PROMETHEUS}`), and the `instance` variable filters the gateways shown. Only metric
+names declared in gateway/metrics.py are used (tests/ops checks it, and evaluates every query
+against a real Prometheus).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OUT_DIR = Path(__file__).resolve().parents[1] / "ops" / "grafana" / "dashboards"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+SEL = '{instance=~"$instance"}'
+RI = "$__rate_interval"
+CODE_503 = 'code="503"'
+INVITE = 'method="INVITE"'
+
+
+def sel(labels: str = "") -> str:
+    """A label selector with the instance filter (and more matchers)."""
+    inner = 'instance=~"$instance"' + (f",{labels}" if labels else "")
+    return "{" + inner + "}"
+
+
+def rate(metric: str, labels: str = "") -> str:
+    return f"rate({metric}{sel(labels)}[{RI}])"
+
+
+def quantiles(metric: str, by: str = "", qs: tuple[float, ...] = (0.5, 0.95, 0.99)) -> list[tuple[str, str]]:
+    group = f"le{', ' + by if by else ''}"
+    legend = ("{{" + by + "}} " if by else "") + "p{q}"
+    return [
+        (
+            f"histogram_quantile({q}, sum by ({group}) ({rate(metric + '_bucket')}))",
+            legend.replace("{q}", f"{int(q * 100)}"),
+        )
+        for q in qs
+    ]
+
+
+@dataclass
+class Panel:
+    title: str
+    targets: list[tuple[str, str]]  # (PromQL, legend)
+    unit: str = "short"
+    kind: str = "timeseries"
+    description: str = ""
+    width: int = 12
+    height: int = 8
+    stack: bool = False
+    instant: bool = False
+
+
+@dataclass
+class Row:
+    title: str
+    panels: list[Panel] = field(default_factory=list)
+
+
+def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    targets = []
+    for i, (expr, legend) in enumerate(p.targets):
+        t: dict[str, Any] = {
+            "datasource": DS,
+            "refId": chr(ord("A") + i),
+            "expr": expr,
+            "legendFormat": legend,
+        }
+        if p.instant:
+            t.update({"instant": True, "range": False, "format": "table"})
+        targets.append(t)
+    out: dict[str, Any] = {
+        "id": pid,
+        "type": p.kind,
+        "title": p.title,
+        "description": p.description,
+        "datasource": DS,
+        "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
+        "targets": targets,
+        "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
+    }
+    if p.kind == "timeseries":
+        custom = {"fillOpacity": 10, "showPoints": "never", "lineWidth": 1}
+        if p.stack:
+            custom["stacking"] = {"mode": "normal", "group": "A"}
+        out["fieldConfig"]["defaults"]["custom"] = custom
+        out["options"] = {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
+    elif p.kind == "stat":
+        out["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
+    elif p.kind == "table":
+        out["options"] = {"showHeader": True}
+        out["transformations"] = [
+            {"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True, "__name__": True}}}
+        ]
+    return out
+
+
+def dashboard(uid: str, title: str, description: str, rows: list[Row]) -> dict[str, Any]:
+    panels: list[dict[str, Any]] = []
+    pid, y = 1, 0
+    for row in rows:
+        panels.append(
+            {"id": pid, "type": "row", "title": row.title, "collapsed": False, "panels": [],
+             "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}}
+        )  # fmt: skip
+        pid, y = pid + 1, y + 1
+        x, row_h = 0, 0
+        for p in row.panels:
+            if x + p.width > 24:
+                x, y, row_h = 0, y + row_h, 0
+            panels.append(_panel_json(p, pid, x, y))
+            pid, x, row_h = pid + 1, x + p.width, max(row_h, p.height)
+        y += row_h
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["ttg", "telephony", "asr"],
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "10s",
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "timezone": "browser",
+        "links": [],
+        "annotations": {"list": []},
+        "templating": {
+            "list": [
+                {
+                    "type": "datasource",
+                    "name": "datasource",
+                    "label": "Data source",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                    "refresh": 1,
+                    "regex": "",
+                    "options": [],
+                },
+                {
+                    "type": "query",
+                    "name": "instance",
+                    "label": "Gateway",
+                    "datasource": DS,
+                    "definition": "label_values(ttg_build_info, instance)",
+                    "query": {"query": "label_values(ttg_build_info, instance)", "refId": "instance"},
+                    "includeAll": True,
+                    "allValue": ".*",
+                    "multi": True,
+                    "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+                    "refresh": 2,
+                    "sort": 1,
+                    "hide": 0,
+                    "options": [],
+                },
+            ]
+        },
+        "panels": panels,
+    }
+
+
+def gateway_rows() -> list[Row]:
+    rx = "ttg_rtp_packets_received_total"
+    lost = f"sum({rate('ttg_rtp_packets_lost_total')})"
+    received = f"sum({rate(rx)})"
+    return [
+        Row(
+            "Calls",
+            [
+                Panel("Active calls", [(f"sum(ttg_active_calls{SEL})", "active")], kind="stat", width=6),
+                Panel(
+                    "Redis up",
+                    [(f"min(ttg_redis_up{SEL})", "up")],
+                    kind="stat",
+                    width=6,
+                    description="0: the sink cannot write to Redis (events wait in memory, then on disk)",
+                ),
+                Panel(
+                    "Calls by result",
+                    [(f"sum by (result) ({rate('ttg_calls_total')})", "{{result}}")],
+                    unit="cps",
+                    stack=True,
+                ),
+                Panel(
+                    "Calls refused with 503",
+                    [(f"sum({rate('ttg_sip_responses_total', CODE_503)})", "503/s")],
+                    unit="cps",
+                    description="Capacity (max_calls), draining or rate limit: callers retry elsewhere",
+                ),
+                Panel(
+                    "503 share of INVITEs",
+                    [
+                        (
+                            f"sum({rate('ttg_sip_responses_total', CODE_503)}) / "
+                            f"clamp_min(sum({rate('ttg_sip_requests_total', INVITE)}), 1e-9)",
+                            "503 / INVITE",
+                        )
+                    ],
+                    unit="percentunit",
+                ),
+            ],
+        ),
+        Row(
+            "SIP",
+            [
+                Panel(
+                    "Requests by method",
+                    [(f"sum by (method) ({rate('ttg_sip_requests_total')})", "{{method}}")],
+                    unit="reqps",
+                    width=8,
+                ),
+                Panel(
+                    "Responses by code",
+                    [(f"sum by (code) ({rate('ttg_sip_responses_total')})", "{{code}}")],
+                    unit="reqps",
+                    width=8,
+                ),
+                Panel(
+                    "Malformed or refused messages",
+                    [(f"sum by (reason) ({rate('ttg_sip_errors_total')})", "{{reason}}")],
+                    unit="reqps",
+                    width=8,
+                ),
+            ],
+        ),
+        Row(
+            "RTP",
+            [
+                Panel(
+                    "Packets received by codec", [(f"sum by (codec) ({rate(rx)})", "{{codec}}")], unit="pps"
+                ),
+                Panel(
+                    "Loss, late and duplicate ratio",
+                    [
+                        (f"{lost} / clamp_min({received} + {lost}, 1e-9)", "lost"),
+                        (f"sum({rate('ttg_rtp_packets_late_total')}) / clamp_min({received}, 1e-9)", "late"),
+                        (
+                            f"sum({rate('ttg_rtp_packets_duplicate_total')}) / clamp_min({received}, 1e-9)",
+                            "duplicate",
+                        ),
+                    ],
+                    unit="percentunit",
+                    description="Lost = never arrived (concealed); late = after its playout deadline",
+                ),
+                Panel(
+                    "Jitter at hang-up (RFC 3550)",
+                    quantiles("ttg_rtp_jitter_seconds", qs=(0.5, 0.95)),
+                    unit="s",
+                    width=8,
+                ),
+                Panel(
+                    "Invalid datagrams by reason",
+                    [(f"sum by (reason) ({rate('ttg_rtp_packets_invalid_total')})", "{{reason}}")],
+                    unit="pps",
+                    width=8,
+                ),
+                Panel(
+                    "DTMF events (RFC 4733)",
+                    [(f"sum({rate('ttg_dtmf_events_total')})", "DTMF/s")],
+                    unit="cps",
+                    width=8,
+                ),
+            ],
+        ),
+        Row(
+            "Transcripts to Redis",
+            [
+                Panel(
+                    "Events published by type",
+                    [(f"sum by (type) ({rate('ttg_events_published_total')})", "{{type}}")],
+                    unit="cps",
+                    stack=True,
+                ),
+                Panel(
+                    "Events dropped by type and reason",
+                    [(f"sum by (type, reason) ({rate('ttg_events_dropped_total')})", "{{type}} {{reason}}")],
+                    unit="cps",
+                    description="Partials are dropped first; any other type here means data loss",
+                ),
+                Panel(
+                    "Events waiting for Redis (memory + spool)",
+                    [(f"sum(ttg_events_buffered{SEL})", "buffered")],
+                    width=8,
+                ),
+                Panel(
+                    "Spooled and deduplicated events",
+                    [
+                        (f"sum by (type) ({rate('ttg_events_spooled_total')})", "spooled {{type}}"),
+                        (f"sum({rate('ttg_events_duplicates_total')})", "already in Redis"),
+                    ],
+                    unit="cps",
+                    width=8,
+                ),
+                Panel(
+                    "Redis request time",
+                    quantiles("ttg_redis_request_seconds", qs=(0.5, 0.95, 0.99)),
+                    unit="s",
+                    width=8,
+                ),
+            ],
+        ),
+        Row(
+            "Build",
+            [Panel("Build", [(f"ttg_build_info{SEL}", "")], kind="table", width=24, height=5, instant=True)],
+        ),
+    ]
+
+
+def asr_rows() -> list[Row]:
+    bs = "ttg_encoder_batch_size"
+    return [
+        Row(
+            "Encoder (one batched step for all ready calls)",
+            [
+                Panel(
+                    "Batch size",
+                    [
+                        *quantiles(bs, qs=(0.5, 0.95)),
+                        (f"sum({rate(bs + '_sum')}) / clamp_min(sum({rate(bs + '_count')}), 1e-9)", "mean"),
+                    ],
+                    description="Chunks (calls) per encoder step",
+                ),
+                Panel("Step time", quantiles("ttg_encoder_step_seconds"), unit="s"),
+                Panel(
+                    "Steps per second",
+                    [(f"sum({rate('ttg_encoder_step_seconds_count')})", "steps/s")],
+                    unit="ops",
+                    width=8,
+                ),
+                Panel(
+                    "Encoder busy",
+                    [(f"sum({rate('ttg_encoder_step_seconds_sum')})", "busy")],
+                    unit="percentunit",
+                    width=8,
+                    description="Share of wall time the MLX thread spends in steps; near 1 = saturated",
+                ),
+                Panel(
+                    "Queue wait of a ready chunk", quantiles("ttg_asr_queue_wait_seconds"), unit="s", width=8
+                ),
+            ],
+        ),
+        Row(
+            "Decoder (RNN-T, onnxruntime workers)",
+            [
+                Panel("Decode step time", quantiles("ttg_decoder_step_seconds"), unit="s"),
+                Panel(
+                    "Decode steps per second",
+                    [(f"sum({rate('ttg_decoder_step_seconds_count')})", "steps/s")],
+                    unit="ops",
+                ),
+            ],
+        ),
+        Row(
+            "Transcripts",
+            [
+                Panel(
+                    "Transcript latency by type",
+                    quantiles("ttg_transcript_latency_seconds", by="type"),
+                    unit="s",
+                    description="From the arrival of the audio completing a chunk to its transcript event",
+                ),
+                Panel(
+                    "Transcripts per second by type",
+                    [(f"sum by (type) ({rate('ttg_transcript_latency_seconds_count')})", "{{type}}")],
+                    unit="cps",
+                ),
+            ],
+        ),
+        Row(
+            "Falling behind",
+            [
+                Panel(
+                    "Audio chunks dropped",
+                    [(f"sum({rate('ttg_asr_chunks_dropped_total')})", "dropped/s")],
+                    unit="cps",
+                    description="A call's queue overflowed: the engine cannot keep up",
+                ),
+                Panel("Active calls", [(f"sum(ttg_active_calls{SEL})", "calls")]),
+            ],
+        ),
+    ]
+
+
+def dashboards() -> dict[str, dict[str, Any]]:
+    return {
+        "gateway.json": dashboard(
+            "ttg-gateway",
+            "ttg / Gateway",
+            "Calls, SIP, RTP health and transcript delivery to Redis",
+            gateway_rows(),
+        ),
+        "asr.json": dashboard(
+            "ttg-asr", "ttg / ASR engine", "Batched encoder, decoder workers, transcript latency", asr_rows()
+        ),
+    }
+
+
+def render(board: dict[str, Any]) -> str:
+    return json.dumps(board, indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, board in dashboards().items():
+        path = OUT_DIR / name
+        text = render(board)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if stale:
+        print("out of date (run python -m tools.gen_dashboards):", *stale, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
