@@ -217,6 +217,21 @@ class HttpSettings(BaseModel):
     port: int = Field(9108, ge=0, le=65535, description="HTTP port")
 
 
+class DaemonSettings(BaseModel):
+    """`ttg serve` (gateway/daemon.py). A supervisor's stop timeout (systemd TimeoutStopSec, launchd
+    ExitTimeOut: 30 s in ops/) must exceed shutdown_grace_s + hangup_timeout_s + TTG_SINK__FLUSH_TIMEOUT_S."""
+
+    shutdown_grace_s: float = Field(
+        10.0, ge=0, description="On SIGTERM/SIGINT, how long live calls may go on before the gateway hangs up"
+    )
+    hangup_timeout_s: float = Field(
+        12.0,
+        ge=0,
+        description="After hanging up at shutdown, longest wait for the calls' finals and call_end events",
+    )
+    uvloop: bool = Field(True, description="Run the event loop on uvloop when it is installed")
+
+
 class LogSettings(BaseModel):
     level: str = Field("INFO", description="Log level")
 
@@ -260,6 +275,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     sink: SinkSettings = SinkSettings()
     http: HttpSettings = HttpSettings()
+    daemon: DaemonSettings = DaemonSettings()
     log: LogSettings = LogSettings()
 
     @classmethod

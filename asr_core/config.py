@@ -1,0 +1,139 @@
+"""Engine configuration: plain frozen dataclasses that the cores take (no environment reading here).
+
+The edge (`gateway.config.Settings`, the CLI) builds an `EngineConfig`, e.g. with
+`EngineConfig.from_settings(settings.model_dump())`; model hyperparameters are not settings, they come
+from the bundle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+DecoderMode = Literal["workers", "batched"]
+DECODER_MODES: tuple[DecoderMode, ...] = ("workers", "batched")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    # Most chunks (one per stream) in one encoder step.
+    max_batch: int = 64
+    # A ready chunk waits at most this long for a fuller batch (0 = step as soon as anything is ready).
+    max_wait_ms: float = 10.0
+    # Chunks a stream may have queued before the encoder; beyond it the oldest droppable one is dropped
+    # (16 x 320 ms = 5 s of audio at the default lookahead).
+    max_queued_chunks: int = 16
+    # Chunks of one stream that may be encoded but not yet decoded. Past it the stream is not scheduled,
+    # so a slow decoder backs up into the bounded encoder queue, where the overflow is counted.
+    max_undecoded_chunks: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        if self.max_queued_chunks < 2:
+            # The first and the last chunk of a stream are never dropped, so a bound of 1 could not hold.
+            raise ValueError(f"max_queued_chunks must be >= 2, got {self.max_queued_chunks}")
+        if self.max_undecoded_chunks < 1:
+            raise ValueError(f"max_undecoded_chunks must be >= 1, got {self.max_undecoded_chunks}")
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderConfig:
+    # "workers": each stream pinned to one of `workers` threads that decodes its chunks one by one.
+    # "batched": each worker advances all its due streams in one batched greedy pass.
+    mode: DecoderMode = "batched"
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.mode not in DECODER_MODES:
+            raise ValueError(f"decoder mode must be one of {DECODER_MODES}, got {self.mode!r}")
+        if self.workers < 1:
+            raise ValueError(f"decoder workers must be >= 1, got {self.workers}")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointConfig:
+    """When a segment (utterance) is closed with a final transcript, and how partials are throttled.
+
+    A segment with text ends when no token came for `blank_ms` and the audio of those frames stayed
+    below `energy_db` (dBFS) -- a pause. `max_blank_ms` closes it on the token silence alone (a noisy
+    line whose floor never drops below `energy_db`); `energy_db=None` uses the token silence alone at
+    `blank_ms` (so does 0 dBFS, which every frame is below). `max_segment_ms` bounds one segment in
+    continuous speech: the segment is closed before the next word-initial token once it is that long.
+
+    Defaults: 800 ms of pause sits among the end-of-utterance silences of deployed recognizers
+    (AssemblyAI 700 ms, Microsoft SAPI `endsilence` 1000 ms; sherpa/Kaldi's rule 1.2 s after speech)
+    and below the ~1 s gaps between a caller's sentences; the token silence alone needs longer
+    (2 s; sherpa uses 2.4 s) because RNN-T tokens of a slow word can be far apart. -45 dBFS is ~20 dB
+    under nominal telephone speech (ITU-T P.56: -26 dBov) and above the usual line floor (-55 to
+    -70 dBov); a noisier line falls back to `max_blank_ms`. 30 s per segment keeps finals coming in
+    monologues (sherpa: 20 s).
+    """
+
+    blank_ms: int = 800
+    energy_db: float | None = -45.0
+    max_blank_ms: int = 2000
+    max_segment_ms: int = 30_000
+    # Partials only when the text grew, at most one per this interval per stream (0 = every growth).
+    partial_interval_ms: int = 300
+    partials: bool = True
+
+    def __post_init__(self) -> None:
+        if self.blank_ms <= 0:
+            raise ValueError(f"endpoint blank_ms must be > 0, got {self.blank_ms}")
+        if self.max_blank_ms < self.blank_ms:
+            raise ValueError(
+                f"endpoint max_blank_ms ({self.max_blank_ms}) must be >= blank_ms ({self.blank_ms})"
+            )
+        if self.max_segment_ms <= 0:
+            raise ValueError(f"max_segment_ms must be > 0, got {self.max_segment_ms}")
+        if self.partial_interval_ms < 0:
+            raise ValueError(f"partial_interval_ms must be >= 0, got {self.partial_interval_ms}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    endpoint: EndpointConfig = field(default_factory=EndpointConfig)
+    # StreamOptions.language "" / lookahead None fall back to these (None = the bundle's default).
+    default_language: str = "auto"
+    default_lookahead: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> EngineConfig:
+        """Build from `gateway.config.Settings.model_dump()` (sections `asr`, `encoder`, `decoder`).
+
+        Keys a section does not have keep their defaults; unknown keys are ignored, so asr_core does not
+        depend on the gateway's settings classes.
+        """
+        asr = dict(settings.get("asr", {}))
+        enc = dict(settings.get("encoder", {}))
+        dec = dict(settings.get("decoder", {}))
+        endpoint_keys = {
+            "endpoint_blank_ms": "blank_ms",
+            "endpoint_energy_db": "energy_db",
+            "endpoint_max_blank_ms": "max_blank_ms",
+            "max_segment_ms": "max_segment_ms",
+            "partial_interval_ms": "partial_interval_ms",
+            "partials": "partials",
+        }
+        endpoint = {dst: asr[src] for src, dst in endpoint_keys.items() if src in asr}
+        scheduler = _pick(SchedulerConfig, enc)
+        if "max_undecoded_chunks" in dec:
+            scheduler["max_undecoded_chunks"] = dec["max_undecoded_chunks"]
+        return cls(
+            scheduler=SchedulerConfig(**scheduler),
+            decoder=DecoderConfig(**_pick(DecoderConfig, dec)),
+            endpoint=EndpointConfig(**endpoint),
+            default_language=asr.get("language") or "auto",
+            default_lookahead=asr.get("lookahead"),
+        )
+
+
+def _pick(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in values.items() if k in names}

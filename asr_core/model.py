@@ -1,0 +1,287 @@
+"""The loaded model as the engine sees it: bundle + encoder slot pool + decoder factory + tokenizer.
+
+`AsrModel.load(dir, precision)` loads everything once. The engine only uses the small protocols below
+(`EngineModel` and the parts it hands out), so its tests can run against fakes and the real parts can
+change behind these seams.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from asr_core.transcript import TextDecoder, Token
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE_HZ = 16_000
+
+
+class FrontEnd(Protocol):
+    """One stream's features + chunker: 16 kHz PCM in, complete encoder mel chunks out."""
+
+    def push(self, pcm: np.ndarray) -> list[np.ndarray]:
+        """Mel chunks (n_frames, n_mels) completed by this audio, in order."""
+
+    def finish(self) -> tuple[list[np.ndarray], bool]:
+        """Flush at end of stream: the remaining chunks and whether the last of them is the stream's
+        final (short) chunk that needs end-of-stream handling in the encoder."""
+
+
+class EncoderBackend(Protocol):
+    """The MLX slot pool (owned by the engine's MLX thread)."""
+
+    def alloc(self, prompt_id: int, lookahead: int) -> int: ...
+
+    def release(self, slot: int) -> None: ...
+
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
+        """One batched step over (slot, mel chunk, is_last) rows -> per row (T_i, J) frames."""
+
+
+class StreamDecoder(Protocol):
+    """RNN-T greedy decoding, one stream's chunk at a time; one instance per worker thread."""
+
+    def new_state(self) -> Any: ...
+
+    def decode(self, state: Any, frames: np.ndarray, first_frame: int) -> list[Token]:
+        """Advance `state` over the chunk's frames; tokens with absolute frame indices."""
+
+
+class BatchDecoder(Protocol):
+    """RNN-T greedy decoding of several streams' chunks in one pass (identical tokens)."""
+
+    def new_state(self) -> Any: ...
+
+    def decode_batch(
+        self, states: Sequence[Any], frames: Sequence[np.ndarray], first_frames: Sequence[int]
+    ) -> list[list[Token]]: ...
+
+
+class EngineModel(Protocol):
+    """What `AsrEngine` needs from a model."""
+
+    @property
+    def lookaheads(self) -> tuple[int, ...]: ...
+
+    @property
+    def default_lookahead(self) -> int: ...
+
+    @property
+    def text(self) -> TextDecoder: ...
+
+    def create_encoder(self) -> EncoderBackend:
+        """A fresh encoder slot pool; called on the engine's MLX thread, which then owns it."""
+
+    def prompt_id(self, language: str) -> int: ...
+
+    def new_frontend(self, lookahead: int) -> FrontEnd: ...
+
+    def new_decoder(self) -> StreamDecoder: ...
+
+    def new_batch_decoder(self) -> BatchDecoder: ...
+
+
+def embedded_model_dir() -> Path | None:
+    """The demo model shipped inside the package (asr_core/demo_model/), if this install has it."""
+    d = Path(__file__).resolve().parent / "demo_model"
+    return d if (d / "nemotron_onnx_config.json").is_file() else None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedInfo:
+    dir: Path
+    precision: str
+    device: str
+
+
+class AsrModel:
+    """The real model: bundle + MLX encoder + ORT decoders + tokenizer (see `load`).
+
+    Loaded once per process; the engine's MLX thread uses the encoder, each decoder worker gets its
+    own decoder (own ORT sessions) from `new_decoder`/`new_batch_decoder`, streams get front ends.
+    """
+
+    def __init__(self, bundle: Any, tokenizer: Any, info: LoadedInfo) -> None:
+        self.bundle = bundle
+        self.info = info
+        cfg = bundle.config
+        self._lookaheads = tuple(int(r) for r in cfg.encoder.supported_lookaheads)
+        self._default_lookahead = int(cfg.encoder.default_lookahead)
+        self._text = _TextAdapter(tokenizer)
+
+    @classmethod
+    def load(cls, model_dir: str | Path, precision: str = "auto") -> AsrModel:
+        """Load the bundle in `model_dir` once: validated files, MLX encoder weights, tokenizer.
+
+        `precision`: "f32", "f16", "bf16", or "auto" (f32 on the CPU, f16 on a GPU).
+        """
+        import mlx.core as mx
+
+        from asr_core.bundle import load_bundle
+        from asr_core.tokenizer import Tokenizer
+
+        device = "gpu" if mx.default_device() == mx.gpu else "cpu"
+        if precision == "auto":
+            precision = "f16" if device == "gpu" else "f32"
+        bundle = load_bundle(Path(model_dir), precision)
+        # Materialize the weights here: MLX streams are thread-local (mlx >= 0.31.2), so nothing the
+        # MLX thread reads may still be an unevaluated graph of this thread's stream.
+        mx.eval(list(bundle.encoder_weights.values()))
+        tokenizer = Tokenizer.from_bundle(bundle)
+        logger.info("model loaded from %s (%s on %s)", model_dir, precision, device)
+        return cls(bundle, tokenizer, LoadedInfo(Path(model_dir), precision, device))
+
+    # -- EngineModel ---------------------------------------------------------------------------
+
+    @property
+    def lookaheads(self) -> tuple[int, ...]:
+        return self._lookaheads
+
+    @property
+    def default_lookahead(self) -> int:
+        return self._default_lookahead
+
+    @property
+    def text(self) -> TextDecoder:
+        return self._text
+
+    def create_encoder(self) -> EncoderBackend:
+        """Build the MLX encoder (slot pool, compiled steps) on the calling thread: the engine calls
+        this on its MLX thread, because MLX streams, and so everything built on them, are
+        thread-local (a pool built on another thread aborts the process at exit)."""
+        from asr_core.encoder import StreamingEncoder
+
+        cfg = self.bundle.config
+        return _EncoderAdapter(
+            StreamingEncoder(self.bundle.encoder_weights, cfg.encoder, self.bundle.precision)
+        )
+
+    def prompt_id(self, language: str) -> int:
+        return int(self.bundle.config.prompt_id(language or "auto"))
+
+    def new_frontend(self, lookahead: int) -> FrontEnd:
+        from asr_core.chunker import MelChunker
+        from asr_core.features import FeatureConfig, StreamingLogMel
+
+        cfg = FeatureConfig.from_dict(asdict(self.bundle.config.features))
+        return _FrontEnd(StreamingLogMel(self.bundle.mel_filters, cfg), MelChunker(lookahead))
+
+    def _graphs(self) -> Any:
+        from asr_core.decoder import RnntGraphs
+
+        cfg = self.bundle.config
+        return RnntGraphs(
+            self.bundle.decoder_path,
+            self.bundle.joiner_path,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.decoder_hidden_size,
+            num_layers=cfg.num_decoder_layers,
+            threads=1,
+        )
+
+    def new_decoder(self) -> StreamDecoder:
+        from asr_core.decoder import GreedyDecoder
+
+        cfg = self.bundle.config
+        return _StreamDecoderAdapter(
+            GreedyDecoder(self._graphs(), cfg.blank_token_id, cfg.max_symbols_per_step)
+        )
+
+    def new_batch_decoder(self) -> BatchDecoder:
+        from asr_core.decoder import BatchedGreedyDecoder
+
+        cfg = self.bundle.config
+        return _BatchDecoderAdapter(
+            BatchedGreedyDecoder(self._graphs(), cfg.blank_token_id, cfg.max_symbols_per_step)
+        )
+
+
+# -- adapters from the parts' own APIs to the engine's protocols ------------------------------------
+
+
+class _FrontEnd:
+    def __init__(self, features: Any, chunker: Any) -> None:
+        self._features = features
+        self._chunker = chunker
+
+    def push(self, pcm: np.ndarray) -> list[np.ndarray]:
+        mel = self._features.push(pcm)
+        return list(self._chunker.push(mel)) if len(mel) else []
+
+    def finish(self) -> tuple[list[np.ndarray], bool]:
+        mel = self._features.finish()
+        chunks = list(self._chunker.push(mel)) if len(mel) else []
+        last = self._chunker.finish()
+        if last is not None:
+            return [*chunks, last], True
+        return chunks, False
+
+
+class _EncoderAdapter:
+    def __init__(self, encoder: Any) -> None:
+        from asr_core.encoder import ChunkInput
+
+        self._encoder = encoder
+        self._row = ChunkInput
+
+    def alloc(self, prompt_id: int, lookahead: int) -> int:
+        return int(self._encoder.alloc(prompt_id, lookahead))
+
+    def release(self, slot: int) -> None:
+        self._encoder.release(slot)
+
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
+        return list(self._encoder.step([self._row(slot, mel, is_last) for slot, mel, is_last in rows]))
+
+
+class _TextAdapter:
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+
+    def decode(self, ids: Sequence[int]) -> tuple[str, str | None]:
+        out = self._tok.decode(list(ids))
+        return str(out.text), out.language
+
+    def starts_word(self, token_id: int) -> bool:
+        return bool(self._tok.starts_word(token_id))
+
+
+class _StreamDecoderAdapter:
+    """The decoder counts frames it consumed; the engine's chunks may have gaps (dropped chunks), so
+    emissions are re-based on the chunk's first frame on the media timeline."""
+
+    def __init__(self, decoder: Any) -> None:
+        self._dec = decoder
+
+    def new_state(self) -> Any:
+        return self._dec.new_state()
+
+    def decode(self, state: Any, frames: np.ndarray, first_frame: int) -> list[Token]:
+        base = state.frames
+        return [
+            Token(int(e.token), first_frame + int(e.frame) - base) for e in self._dec.decode(state, frames)
+        ]
+
+
+class _BatchDecoderAdapter:
+    def __init__(self, decoder: Any) -> None:
+        self._dec = decoder
+
+    def new_state(self) -> Any:
+        return self._dec.new_state()
+
+    def decode_batch(
+        self, states: Sequence[Any], frames: Sequence[np.ndarray], first_frames: Sequence[int]
+    ) -> list[list[Token]]:
+        bases = [s.frames for s in states]
+        out = self._dec.decode(list(states), list(frames))
+        return [
+            [Token(int(e.token), f0 + int(e.frame) - b) for e in ems]
+            for ems, f0, b in zip(out, first_frames, bases, strict=True)
+        ]

@@ -1,0 +1,282 @@
+"""Acceptance tests of the engine with the real parts (tiny bundle: MLX encoder, ORT decoder,
+tokenizer, features, chunker): batched == solo, 64 concurrent real-time streams, endpointing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asr_core.api import AsrEvent, StreamEnded, StreamOptions, TranscriptEvent
+from asr_core.config import DecoderConfig, DecoderMode, EndpointConfig, EngineConfig, SchedulerConfig
+from asr_core.engine import AsrEngine
+from asr_core.model import AsrModel, EncoderBackend
+from tools.bench.engine import synthetic_call
+
+SR = 16_000
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_bundle: Path) -> AsrModel:
+    return AsrModel.load(tiny_bundle, "f32")
+
+
+class Stream:
+    """Collects one stream's events (called on a decoder thread)."""
+
+    def __init__(self) -> None:
+        self.events: list[AsrEvent] = []
+        self.done = threading.Event()
+
+    def __call__(self, ev: AsrEvent) -> None:
+        self.events.append(ev)
+        if isinstance(ev, StreamEnded):
+            self.done.set()
+
+    def wait(self, timeout: float = 60.0) -> StreamEnded:
+        assert self.done.wait(timeout), "no StreamEnded"
+        end = self.events[-1]
+        assert isinstance(end, StreamEnded)
+        return end
+
+    @property
+    def transcripts(self) -> list[TranscriptEvent]:
+        return [e for e in self.events if isinstance(e, TranscriptEvent)]
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for e in self.transcripts if e.kind == "final" for t in e.token_ids]
+
+
+class RecordingModel:
+    """The tiny model with an encoder that records every slot's output frames (one 'life' per alloc)."""
+
+    def __init__(self, model: AsrModel) -> None:
+        self._model = model
+        self.lives: list[list[np.ndarray]] = []
+        self.batch_sizes: list[int] = []
+        self.lookaheads = model.lookaheads
+        self.default_lookahead = model.default_lookahead
+        self.text = model.text
+        self.prompt_id = model.prompt_id
+        self.new_frontend = model.new_frontend
+        self.new_decoder = model.new_decoder
+        self.new_batch_decoder = model.new_batch_decoder
+
+    def create_encoder(self) -> EncoderBackend:
+        inner = self._model.create_encoder()
+        lives, current, batch_sizes = self.lives, {}, self.batch_sizes
+
+        class Recorder:
+            def alloc(self, prompt_id: int, lookahead: int) -> int:
+                slot = inner.alloc(prompt_id, lookahead)
+                current[slot] = []
+                lives.append(current[slot])
+                return slot
+
+            def release(self, slot: int) -> None:
+                inner.release(slot)
+
+            def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
+                out = inner.step(rows)
+                batch_sizes.append(len(rows))
+                for (slot, _, _), frames in zip(rows, out, strict=True):
+                    current[slot].append(np.array(frames, copy=True))
+                return out
+
+        return Recorder()
+
+
+def config(mode: DecoderMode = "batched", **sched: Any) -> EngineConfig:
+    s: dict[str, Any] = {"max_batch": 64, "max_wait_ms": 5.0, "max_queued_chunks": 16}
+    s.update(sched)
+    return EngineConfig(scheduler=SchedulerConfig(**s), decoder=DecoderConfig(mode=mode, workers=2))
+
+
+def run_solo(engine: AsrEngine, audio: np.ndarray, options: StreamOptions, block: int = 1600) -> Stream:
+    """The stream alone in the engine, fed as fast as the engine takes it (no drop)."""
+    col = Stream()
+    s = engine.open_stream("solo", options, col)
+    for i in range(0, len(audio), block):
+        while s.backlog >= 8:
+            time.sleep(0.001)
+        s.push(audio[i : i + block])
+    s.finish()
+    col.wait()
+    return col
+
+
+def test_batched_streams_equal_their_solo_runs_in_tokens_and_frames(tiny_model: AsrModel) -> None:
+    """Streams joining and leaving mid-way, of different lengths, languages and lookaheads, pushed in
+    different block sizes: each one's tokens and events equal its solo run, frames within 1e-5."""
+    langs = ["en-US", "uk-UA", "auto", "de-DE"]
+    lookaheads = [3, 0, 13, 6]
+    durations = [1.3, 2.1, 2.9, 3.6, 1.7, 4.4, 2.5, 3.2]
+    blocks = [320, 1600, 5920]
+    opts = [StreamOptions(language=langs[i % 4], lookahead=lookaheads[i % 4]) for i in range(len(durations))]
+    audios = [synthetic_call(d, seed=10 + i) for i, d in enumerate(durations)]
+
+    solo_model = RecordingModel(tiny_model)
+    with AsrEngine(solo_model, config(mode="workers")) as eng:
+        solos = [run_solo(eng, a, o) for a, o in zip(audios, opts, strict=True)]
+    assert len(solo_model.lives) == len(audios)
+    assert all(s.tokens for s in solos)
+
+    model = RecordingModel(tiny_model)
+    cols = [Stream() for _ in audios]
+    with AsrEngine(model, config(mode="batched", max_queued_chunks=1000)) as eng:
+        streams: list[Any] = [None] * len(audios)
+        pos = [0] * len(audios)
+        for rnd in range(10_000):
+            busy = False
+            for i, audio in enumerate(audios):
+                if rnd < 2 * i:  # stream i joins at round 2i, while earlier ones run (and some end)
+                    busy = True
+                    continue
+                if streams[i] is None:
+                    streams[i] = eng.open_stream(f"s{i}", opts[i], cols[i])
+                if pos[i] < len(audio):
+                    b = blocks[i % len(blocks)]
+                    streams[i].push(audio[pos[i] : pos[i] + b])
+                    pos[i] += b
+                    busy = True
+                    if pos[i] >= len(audio):
+                        streams[i].finish()
+            if not busy:
+                break
+        ends = [c.wait() for c in cols]
+    assert [e.reason for e in ends] == ["finished"] * len(audios)
+    assert all(e.dropped_chunks == 0 for e in ends)
+
+    for i, (solo, col) in enumerate(zip(solos, cols, strict=True)):
+        assert col.tokens == solo.tokens, f"stream {i}: tokens differ from its solo run"
+        assert [
+            (e.kind, e.segment_id, e.text, e.start_ms, e.end_ms, e.token_ids) for e in col.transcripts
+        ] == [(e.kind, e.segment_id, e.text, e.start_ms, e.end_ms, e.token_ids) for e in solo.transcripts], (
+            f"stream {i}: events differ from its solo run"
+        )
+
+    # Frames: every solo life has exactly one batched life with the same frames (1e-5 in fp32).
+    batched = [np.concatenate(life) for life in model.lives]
+    assert len(batched) == len(audios)
+    unmatched = set(range(len(batched)))
+    for i, life in enumerate(solo_model.lives):
+        ref = np.concatenate(life)
+        same_shape = [j for j in unmatched if batched[j].shape == ref.shape]
+        best = min(same_shape, key=lambda j: float(np.abs(batched[j] - ref).max()))
+        err = float(np.abs(batched[best] - ref).max())
+        assert err <= 1e-5, f"stream {i}: encoder frames differ by {err}"
+        unmatched.discard(best)
+    assert max(model.batch_sizes) >= 4  # real batches (of mixed lookaheads and languages)
+
+
+class CountingHooks:
+    def __init__(self) -> None:
+        self.dropped = 0
+        self.batches: list[int] = []
+        self.lock = threading.Lock()
+
+    def encoder_step(self, seconds: float, batch_size: int, queue_waits_s: Sequence[float]) -> None:
+        with self.lock:
+            self.batches.append(batch_size)
+
+    def decoder_step(self, seconds: float, n_streams: int) -> None:
+        pass
+
+    def chunk_dropped(self, stream_id: str) -> None:
+        with self.lock:
+            self.dropped += 1
+
+    def transcript(self, kind: str, latency_s: float) -> None:
+        pass
+
+
+def test_64_concurrent_real_time_streams_match_solo_runs_without_drops(tiny_model: AsrModel) -> None:
+    """64 calls paced at real time (100 ms blocks, starts staggered over one chunk), default queue
+    bound: no chunk dropped on this machine, and every transcript equals the stream's solo run."""
+    n, seconds, block_s = 64, 3.0, 0.1
+    audios = [synthetic_call(seconds, seed=100 + i) for i in range(n)]
+    with AsrEngine(tiny_model, config()) as eng:
+        solos = [run_solo(eng, a, StreamOptions(language="en-US")) for a in audios]
+    assert sum(len(s.tokens) > 0 for s in solos) > n // 2
+
+    hooks = CountingHooks()
+    cols = [Stream() for _ in range(n)]
+    block = int(block_s * SR)
+    with AsrEngine(tiny_model, EngineConfig(), hooks) as eng:  # the defaults a deployment gets
+        streams = [
+            eng.open_stream(f"call-{i}", StreamOptions(language="en-US"), c) for i, c in enumerate(cols)
+        ]
+        t0 = time.monotonic()
+        due = sorted(
+            (0.32 * i / n + (k + 1) * block_s, i, k) for i in range(n) for k in range(int(seconds / block_s))
+        )
+        for at, i, k in due:
+            wait = t0 + at - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            streams[i].push(audios[i][k * block : (k + 1) * block])
+            if (k + 1) * block >= len(audios[i]):
+                streams[i].finish()
+        ends = [c.wait() for c in cols]
+    assert hooks.dropped == 0 and all(e.dropped_chunks == 0 for e in ends)
+    assert all(e.reason == "finished" for e in ends)
+    assert max(hooks.batches) > 1
+    for i in range(n):
+        got = [(e.kind, e.segment_id, e.text, e.start_ms, e.end_ms, e.token_ids) for e in cols[i].transcripts]
+        want = [
+            (e.kind, e.segment_id, e.text, e.start_ms, e.end_ms, e.token_ids) for e in solos[i].transcripts
+        ]
+        assert got == want, f"call {i}"
+
+
+def _espeak(text: str, path: Path) -> np.ndarray:
+    from tools.transcribe import read_audio
+
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(path), text], check=True)
+    return read_audio(path)
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed")
+def test_finals_come_at_the_pauses_of_spoken_audio(tiny_model: AsrModel, tmp_path: Path) -> None:
+    """espeak-ng speech in three phrases separated by 1.5 s of silence: a final at each pause (not at
+    the end of the stream), inside its phrase's time span; partials are prefixes of what follows."""
+    gap = np.zeros(int(1.5 * SR), np.float32)
+    phrases = [
+        _espeak(t, tmp_path / f"p{i}.wav")
+        for i, t in enumerate(["Hello there, how are you?", "I am fine.", "See you tomorrow morning."])
+    ]
+    audio = np.concatenate([phrases[0], gap, phrases[1], gap, phrases[2], gap[: SR // 2]])
+    spans, pos = [], 0
+    for p in phrases:
+        voiced = np.flatnonzero(np.abs(p) > 1e-3)
+        spans.append(((pos + voiced[0]) * 1000 // SR, (pos + voiced[-1]) * 1000 // SR))
+        pos += len(p) + len(gap)
+
+    cfg = EngineConfig(endpoint=EndpointConfig(blank_ms=800, energy_db=-45.0, partial_interval_ms=300))
+    with AsrEngine(tiny_model, cfg) as eng:
+        col = run_solo(eng, audio, StreamOptions(language="en-US"))
+    finals = [e for e in col.transcripts if e.kind == "final"]
+    assert len(finals) == 3, [(f.start_ms, f.end_ms, f.text) for f in finals]
+    assert [f.segment_id for f in finals] == [0, 1, 2]
+    assert [f.at_end_of_stream for f in finals[:2]] == [False, False]
+    for f, (lo, hi) in zip(finals, spans, strict=True):
+        # tokens lag the audio by up to the lookahead and the chunk; the onset walk-back may reach
+        # a little before the first voiced sample
+        assert lo - 500 <= f.start_ms < f.end_ms <= hi + 800, (f.start_ms, f.end_ms, lo, hi)
+    by_segment: dict[int, list[TranscriptEvent]] = {}
+    for e in col.transcripts:
+        by_segment.setdefault(e.segment_id, []).append(e)
+    for evs in by_segment.values():
+        assert evs[-1].kind == "final"
+        for a, b in itertools.pairwise(evs):
+            assert b.text.startswith(a.text)

@@ -1,0 +1,337 @@
+"""EncoderScheduler: the batching policy, driven with a fake clock and fake encoder outputs (no MLX)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asr_core.config import SchedulerConfig
+from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepPlan, StreamPhase
+
+
+def make_scheduler(**kw: float) -> EncoderScheduler[str]:
+    cfg = {"max_batch": 4, "max_wait_ms": 10.0, "max_queued_chunks": 4, "max_undecoded_chunks": 2}
+    cfg.update(kw)
+    return EncoderScheduler(SchedulerConfig(**cfg))  # type: ignore[arg-type]
+
+
+def fake_frames(plan: StepPlan[str], j: int = 3) -> list[np.ndarray]:
+    """One (T, J) array per row; T = r+1 would do, the scheduler does not look inside."""
+    return [np.full((4, j), row.seq, np.float32) for row in plan.rows]
+
+
+def run(
+    s: EncoderScheduler[str], now: float, decode: bool = True
+) -> tuple[StepPlan[str], list[EncodedChunk[str]]]:
+    plan = s.schedule(now)
+    assert plan is not None
+    out = s.update_from_output(plan, fake_frames(plan), now)
+    if decode:
+        for c in out:
+            s.chunk_decoded(c.key)
+    return plan, out
+
+
+def keys(plan: StepPlan[str]) -> list[tuple[int, int]]:
+    return [(r.key, r.seq) for r in plan.rows]
+
+
+def test_single_stream_steps_at_once_since_waiting_cannot_grow_the_batch() -> None:
+    s = make_scheduler()
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "c0", now=0.0)
+    assert s.next_deadline() == 0.0
+    plan = s.schedule(0.0)
+    assert plan is not None and keys(plan) == [(1, 0)]
+    assert [j.key for j in plan.joined] == [1]
+
+
+def test_partial_batch_waits_max_wait_for_other_streams() -> None:
+    s = make_scheduler(max_wait_ms=10.0)
+    for k in (1, 2, 3):
+        s.add_stream(k, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "a", now=1.000)
+    s.push_chunk(2, "b", now=1.004)
+    assert s.schedule(1.005) is None
+    assert s.next_deadline() == pytest.approx(1.010)
+    plan = s.schedule(1.010)
+    assert plan is not None and keys(plan) == [(1, 0), (2, 0)]
+
+
+def test_full_batch_steps_without_waiting() -> None:
+    s = make_scheduler(max_batch=2)
+    for k in (1, 2, 3):
+        s.add_stream(k, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "a", now=0.0)
+    s.push_chunk(2, "b", now=0.001)
+    assert s.next_deadline() == 0.0
+    plan = s.schedule(0.001)
+    assert plan is not None and keys(plan) == [(1, 0), (2, 0)]
+
+
+def test_rows_are_oldest_first_and_overflow_goes_first_next_step() -> None:
+    s = make_scheduler(max_batch=2)
+    for k in (1, 2, 3):
+        s.add_stream(k, prompt_id=0, lookahead=3)
+    s.push_chunk(3, "c", now=0.0)
+    s.push_chunk(1, "a", now=0.1)
+    s.push_chunk(2, "b", now=0.2)
+    plan, _ = run(s, 0.2)
+    assert keys(plan) == [(3, 0), (1, 0)]
+    s.push_chunk(1, "a1", now=0.3)
+    s.push_chunk(3, "c1", now=0.3)
+    plan, _ = run(s, 0.3)
+    assert keys(plan) == [(2, 0), (1, 1)]  # 2 waited longest; 1 joined before 3 (tie on arrival)
+
+
+def test_one_chunk_per_stream_per_step_in_push_order() -> None:
+    s = make_scheduler(max_undecoded_chunks=10)
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    for i in range(3):
+        s.push_chunk(1, f"c{i}", now=0.0)
+    seqs = []
+    for _ in range(3):
+        plan, out = run(s, 0.0)
+        assert len(plan.rows) == 1
+        seqs.append(out[0].seq)
+    assert seqs == [0, 1, 2]
+
+
+def test_stream_in_flight_is_not_planned_again() -> None:
+    s = make_scheduler()
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "c0", now=0.0)
+    s.push_chunk(1, "c1", now=0.0)
+    plan = s.schedule(0.0)
+    assert plan is not None
+    assert s.schedule(0.0) is None and s.next_deadline() is None
+    s.update_from_output(plan, fake_frames(plan), 0.0)
+    again = s.schedule(0.0)
+    assert again is not None and keys(again) == [(1, 1)]
+
+
+def test_undecoded_bound_holds_a_stream_until_the_decoder_catches_up() -> None:
+    s = make_scheduler(max_undecoded_chunks=1)
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "c0", now=0.0)
+    s.push_chunk(1, "c1", now=0.0)
+    run(s, 0.0, decode=False)
+    assert s.schedule(1.0) is None
+    s.chunk_decoded(1)
+    plan = s.schedule(1.0)
+    assert plan is not None and keys(plan) == [(1, 1)]
+
+
+def test_first_frame_follows_the_media_timeline_per_lookahead() -> None:
+    s = make_scheduler(max_undecoded_chunks=10)
+    s.add_stream(1, prompt_id=0, lookahead=0)
+    s.add_stream(2, prompt_id=0, lookahead=13)
+    for _ in range(3):
+        s.push_chunk(1, "x", now=0.0)
+        s.push_chunk(2, "y", now=0.0)
+    firsts: dict[int, list[int]] = {1: [], 2: []}
+    for _ in range(3):
+        _, out = run(s, 0.0)
+        for c in out:
+            firsts[c.key].append(c.first_frame)
+    assert firsts == {1: [0, 1, 2], 2: [0, 14, 28]}
+
+
+def test_update_returns_frames_and_payload_per_row() -> None:
+    s = make_scheduler()
+    s.add_stream(7, prompt_id=19, lookahead=3)
+    s.push_chunk(7, "payload", now=0.0)
+    plan = s.schedule(0.5)
+    assert plan is not None and plan.joined[0].prompt_id == 19
+    frames = [np.ones((4, 3), np.float32)]
+    (chunk,) = s.update_from_output(plan, frames, 0.5)
+    assert chunk.payload == "payload" and chunk.frames is frames[0]
+    assert chunk.queue_wait_s == pytest.approx(0.5)
+
+
+def test_update_rejects_an_output_that_does_not_match_the_plan() -> None:
+    s = make_scheduler()
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "c0", now=0.0)
+    plan = s.schedule(0.0)
+    assert plan is not None
+    with pytest.raises(ValueError, match="0 outputs for 1 rows"):
+        s.update_from_output(plan, [], 0.0)
+
+
+def test_overflow_drops_the_oldest_middle_chunk_never_the_first() -> None:
+    s = make_scheduler(max_queued_chunks=3)
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    dropped = []
+    for i in range(5):
+        dropped += s.push_chunk(1, f"c{i}", now=float(i))
+    # queue bound 3: c1 then c2 dropped; c0 (first chunk) survives
+    assert [(d.seq, d.dropped_total) for d in dropped] == [(1, 1), (2, 2)]
+    assert s.queued(1) == 3 and s.dropped(1) == 2
+    seqs = []
+    for _ in range(3):
+        _, out = run(s, 10.0)
+        seqs.append((out[0].seq, out[0].payload, out[0].first_frame))
+    assert seqs == [(0, "c0", 0), (3, "c3", 12), (4, "c4", 16)]
+
+
+def test_overflow_never_drops_the_last_chunk() -> None:
+    s = make_scheduler(max_queued_chunks=2)
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    run_plan = s.push_chunk(1, "c0", now=0.0)
+    assert run_plan == []
+    run(s, 0.0)  # first chunk encoded: now every queued chunk is droppable but the last
+    s.push_chunk(1, "c1", now=0.0)
+    s.push_chunk(1, "c2", now=0.0)
+    dropped = s.push_chunk(1, "last", now=0.0, is_last=True)
+    assert [d.seq for d in dropped] == [1]
+    _, out = run(s, 0.0)
+    _, out2 = run(s, 0.0)
+    assert [out[0].payload, out2[0].payload] == ["c2", "last"] and out2[0].is_last
+
+
+def test_a_slow_decoder_turns_into_counted_drops_not_unbounded_memory() -> None:
+    s = make_scheduler(max_queued_chunks=4, max_undecoded_chunks=1)
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    total_dropped = 0
+    for i in range(20):
+        total_dropped += len(s.push_chunk(1, f"c{i}", now=float(i)))
+        plan = s.schedule(float(i))
+        if plan is not None:
+            s.update_from_output(plan, fake_frames(plan), float(i))  # never decoded
+        assert s.queued(1) <= 4
+    assert total_dropped == 20 - 1 - 4  # one encoded, four still queued
+
+
+def test_finished_stream_leaves_after_its_last_chunk_and_releases_its_slot() -> None:
+    s = make_scheduler()
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "c0", now=0.0)
+    s.push_chunk(1, "c1", now=0.0, is_last=True)
+    assert s.phase(1) is StreamPhase.ENDING
+    with pytest.raises(ValueError, match="takes no more chunks"):
+        s.push_chunk(1, "late", now=0.0)
+    _, out = run(s, 0.0)
+    assert not out[0].is_last
+    _, out = run(s, 0.0)
+    assert out[0].is_last
+    plan = s.schedule(0.0)
+    assert plan is not None and plan.rows == ()
+    assert [(x.key, x.reason, x.had_slot) for x in plan.left] == [(1, "finished", True)]
+    assert 1 not in s and s.schedule(0.0) is None
+
+
+def test_end_stream_on_a_chunk_boundary_leaves_when_drained() -> None:
+    s = make_scheduler()
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "c0", now=0.0)
+    s.end_stream(1, now=0.0)
+    plan = s.schedule(0.0)
+    assert plan is not None and keys(plan) == [(1, 0)] and plan.left == ()
+    s.update_from_output(plan, fake_frames(plan), 0.1)
+    assert s.next_deadline() == 0.1
+    plan = s.schedule(0.1)
+    assert plan is not None and [x.reason for x in plan.left] == ["finished"]
+
+
+def test_close_discards_queue_and_in_flight_output_then_leaves_once() -> None:
+    s = make_scheduler()
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    s.add_stream(2, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "a0", now=0.0)
+    s.push_chunk(1, "a1", now=0.0)
+    s.push_chunk(2, "b0", now=0.0)
+    plan = s.schedule(0.0)
+    assert plan is not None and keys(plan) == [(1, 0), (2, 0)]
+    s.close_stream(1, now=0.0)
+    out = s.update_from_output(plan, fake_frames(plan), 0.0)
+    assert [c.key for c in out] == [2]
+    nxt = s.schedule(0.0)
+    assert nxt is not None and [(x.key, x.reason) for x in nxt.left] == [(1, "closed")]
+    s.close_stream(1, now=0.0)  # already gone: no second leave
+    assert s.schedule(0.0) is None
+
+
+def test_stream_closed_before_its_first_chunk_leaves_without_a_slot() -> None:
+    s = make_scheduler()
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    s.close_stream(1, now=2.0)
+    assert s.next_deadline() == 2.0
+    plan = s.schedule(2.0)
+    assert plan is not None and plan.joined == () and plan.rows == ()
+    assert [(x.key, x.had_slot) for x in plan.left] == [(1, False)]
+
+
+def test_streams_join_and_leave_mid_way_without_disturbing_others() -> None:
+    s = make_scheduler(max_batch=8, max_undecoded_chunks=8)
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "a0", now=0.0)
+    plan, _ = run(s, 0.0)
+    assert [j.key for j in plan.joined] == [1]
+    s.add_stream(2, prompt_id=5, lookahead=0)
+    s.push_chunk(1, "a1", now=1.0)
+    s.push_chunk(2, "b0", now=1.0)
+    plan, _ = run(s, 1.0)
+    assert keys(plan) == [(1, 1), (2, 0)] and [j.key for j in plan.joined] == [2]
+    s.push_chunk(1, "a2", now=2.0, is_last=True)
+    s.push_chunk(2, "b1", now=2.0)
+    plan, _ = run(s, 2.0)
+    assert keys(plan) == [(1, 2), (2, 1)] and plan.joined == ()
+    s.push_chunk(2, "b2", now=3.0)
+    plan, _ = run(s, 3.0)
+    assert [x.key for x in plan.left] == [1] and keys(plan) == [(2, 2)]
+
+
+def test_fairness_under_overload_every_stream_advances() -> None:
+    """More ready streams than max_batch: each step takes the oldest, so nobody starves."""
+    s = make_scheduler(max_batch=3, max_queued_chunks=100, max_undecoded_chunks=100)
+    n = 7
+    for k in range(n):
+        s.add_stream(k, prompt_id=0, lookahead=3)
+    now = 0.0
+    served = dict.fromkeys(range(n), 0)
+    for _ in range(70):
+        for k in range(n):
+            s.push_chunk(k, "c", now=now)
+        for _ in range(2):  # capacity 6 chunks per tick for 7 offered: overloaded
+            _, out = run(s, now)
+            for c in out:
+                served[c.key] += 1
+        now += 0.32
+    assert max(served.values()) - min(served.values()) <= 1
+
+
+def test_add_stream_twice_is_an_error() -> None:
+    s = make_scheduler()
+    s.add_stream(1, prompt_id=0, lookahead=3)
+    with pytest.raises(ValueError, match="already"):
+        s.add_stream(1, prompt_id=0, lookahead=3)
+
+
+def test_config_rejects_a_queue_bound_that_could_not_hold() -> None:
+    with pytest.raises(ValueError, match="max_queued_chunks"):
+        SchedulerConfig(max_queued_chunks=1)
+
+
+def test_wake_is_needed_only_when_the_deadline_moves_earlier() -> None:
+    """The engine wakes its MLX thread on `needs_wake` only: not on every push."""
+    s = make_scheduler(max_batch=3, max_wait_ms=10.0, max_undecoded_chunks=1)
+    for k in (1, 2, 3, 4):
+        s.add_stream(k, prompt_id=0, lookahead=3)
+    s.schedule(0.0)
+    assert s.next_deadline() is None
+    s.push_chunk(1, "a", now=1.0)
+    assert s.needs_wake  # the first ready chunk arms the max_wait timer
+    s.schedule(1.0)
+    assert s.next_deadline() == pytest.approx(1.01)
+    s.push_chunk(2, "b", now=1.002)
+    assert not s.needs_wake  # a newer chunk does not move the deadline
+    s.push_chunk(3, "c", now=1.003)
+    assert s.needs_wake  # max_batch ready: due now
+    plan, _ = run(s, 1.003, decode=False)
+    assert keys(plan) == [(1, 0), (2, 0), (3, 0)]
+    assert s.next_deadline() is None
+    s.push_chunk(1, "a1", now=1.1)  # held back: chunk 0 is not decoded yet
+    assert not s.needs_wake and s.next_deadline() is None
+    s.chunk_decoded(1)
+    assert s.needs_wake  # the held chunk became ready

@@ -1,0 +1,1 @@
+"""Benchmarks: programs that print and save numbers (never tests). `ttg bench encoder|engine|decoder`."""
