@@ -1,0 +1,712 @@
+"""`ttg serve`: the composition root. Settings → model → sink → HTTP → engine → SIP/RTP front end.
+
+    ttg serve [--model DIR] [--sip-port 5060] [--http-port 9108] [--redis-url URL] ...
+
+Startup, in this order (what an operator sees):
+1. Settings from `TTG_*` (NEMO_* aliases), then the command-line flags on top. A bad value, an RTP
+   port range too small for `TTG_SIP__MAX_CALLS`, or a bundle that does not load ends the process
+   with one line on stderr and exit status 2, before any port is bound.
+2. The model bundle is loaded once (no bundle given: the embedded demo model; without one, a
+   generated tiny random bundle with a loud warning that its transcripts are meaningless).
+3. The sink opens its spool (events a previous run could not deliver are sent first) and starts;
+   Redis being unreachable is not fatal: events wait in memory, then in the spool.
+4. HTTP (/metrics, /healthz, /readyz) comes up: /readyz says "model not loaded" until step 6.
+5. The engine starts (MLX thread builds the encoder; decoder workers own their ORT sessions).
+6. The SIP/RTP front end binds and the gateway is ready.
+
+Shutdown on SIGTERM/SIGINT: /readyz turns 503 (draining) and new INVITEs get 503 + Retry-After; live
+calls may go on for `TTG_DAEMON__SHUTDOWN_GRACE_S`; the rest are hung up (BYE, Reason: shutdown) and
+their finals and call_end events awaited (`TTG_DAEMON__HANGUP_TIMEOUT_S`); the sink flushes what Redis
+takes within `TTG_SINK__FLUSH_TIMEOUT_S` and spools the rest; HTTP stops; the engine shuts down; exit 0.
+A second signal skips what is left of the grace period and shortens every later wait (the spool is
+still written); a third exits at once (committed events are already in the spool file).
+
+If the engine's MLX thread dies, the daemon logs it, turns /readyz 503, ends every call (their ASR
+streams end with an error, so each gets a BYE and a call_end) and exits with status 1, so that a
+supervisor (systemd Restart=on-failure, launchd KeepAlive) starts a fresh process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import io
+import ipaddress
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from gateway.config import Settings
+from gateway.events import CallEvent, EventPublisher
+from gateway.http import HttpServer, Readiness
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the engine died, or startup failed after the checks (a port in use ...)
+EXIT_CONFIG = 2  # bad settings or model bundle: nothing was bound
+
+# After a second signal: how long the remaining shutdown steps may take at most.
+FORCED_HANGUP_S = 3.0
+FORCED_FLUSH_S = 1.0
+# After an engine failure: how long calls get to end by themselves (their ASR streams end with an error
+# at once, so each call ends with reason "error") before the rest are hung up as a shutdown.
+ENGINE_FAILURE_GRACE_S = 5.0
+ENGINE_SHUTDOWN_S = 10.0
+
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "0:0:0:0:0:0:0:0"})
+LOG_FORMAT = "%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s"
+LOG_DATEFMT = "%Y-%m-%dT%H:%M:%S"
+
+
+class StartupError(Exception):
+    """A problem an operator must fix; its message is the one line printed on stderr."""
+
+    def __init__(self, message: str, code: int = EXIT_CONFIG) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --- command line ------------------------------------------------------------------------------------
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition("-")
+    try:
+        low, high = int(lo), int(hi)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN-MAX, e.g. 20000-30000, got {text!r}") from None
+    if not sep or not 1024 <= low < high <= 65535:
+        raise argparse.ArgumentTypeError(f"expected MIN-MAX within 1024-65535, got {text!r}")
+    return low, high
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run the gateway: SIP/RTP in, transcripts to Redis Streams, /metrics /healthz /readyz over HTTP. "
+        "Every setting is an environment variable TTG_<SECTION>__<FIELD> (see ops/env.example); "
+        "these flags override the common ones."
+    )
+    g = parser.add_argument_group("overrides of TTG_* settings")
+    g.add_argument("--model", metavar="DIR", help="model bundle directory (TTG_MODEL__DIR; default: demo)")
+    g.add_argument("--precision", choices=["auto", "f32", "f16", "bf16"], help="TTG_MODEL__PRECISION")
+    g.add_argument("--language", metavar="LOCALE", help="default call language (TTG_ASR__LANGUAGE)")
+    g.add_argument("--sip-host", metavar="ADDR", help="SIP bind address (TTG_SIP__HOST)")
+    g.add_argument("--sip-port", type=int, metavar="PORT", help="SIP port, UDP and TCP (TTG_SIP__PORT)")
+    g.add_argument("--advertised-host", metavar="ADDR", help="Contact/SDP address (TTG_SIP__ADVERTISED_HOST)")
+    g.add_argument("--max-calls", type=int, metavar="N", help="concurrent calls (TTG_SIP__MAX_CALLS)")
+    g.add_argument("--rtp-host", metavar="ADDR", help="RTP bind address (TTG_RTP__HOST)")
+    g.add_argument(
+        "--rtp-ports", type=_port_range, metavar="MIN-MAX", help="RTP port range (TTG_RTP__PORT_MIN/MAX)"
+    )
+    g.add_argument("--redis-url", metavar="URL", help="TTG_REDIS__URL")
+    g.add_argument("--stream", metavar="KEY", help="global transcript stream (TTG_REDIS__STREAM)")
+    g.add_argument("--spool-dir", metavar="DIR", help="TTG_SINK__SPOOL_DIR")
+    g.add_argument("--http-host", metavar="ADDR", help="TTG_HTTP__HOST")
+    g.add_argument("--http-port", type=int, metavar="PORT", help="TTG_HTTP__PORT")
+    g.add_argument("--log-level", metavar="LEVEL", help="TTG_LOG__LEVEL (DEBUG, INFO, WARNING ...)")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Environment (and NEMO_* aliases) first, the flags on top (pydantic-settings deep-merges)."""
+    overrides: dict[str, Any] = {}
+
+    def put(section: str, name: str, value: Any) -> None:
+        if value is not None:
+            overrides.setdefault(section, {})[name] = value
+
+    get = lambda name: getattr(args, name, None)  # noqa: E731  (a Namespace from tests may lack some)
+    put("model", "dir", get("model"))
+    put("model", "precision", get("precision"))
+    put("asr", "language", get("language"))
+    put("sip", "host", get("sip_host"))
+    put("sip", "port", get("sip_port"))
+    put("sip", "advertised_host", get("advertised_host"))
+    put("sip", "max_calls", get("max_calls"))
+    put("rtp", "host", get("rtp_host"))
+    if get("rtp_ports") is not None:
+        put("rtp", "port_min", args.rtp_ports[0])
+        put("rtp", "port_max", args.rtp_ports[1])
+    put("redis", "url", get("redis_url"))
+    put("redis", "stream", get("stream"))
+    put("sink", "spool_dir", get("spool_dir"))
+    put("http", "host", get("http_host"))
+    put("http", "port", get("http_port"))
+    put("log", "level", get("log_level"))
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        first = e.errors()[0]
+        name = "TTG_" + "__".join(str(p).upper() for p in first["loc"])
+        raise StartupError(f"bad setting {name}: {first['msg']} (got {first.get('input')!r})") from None
+
+
+# --- startup checks (pure) ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finding:
+    level: int  # logging.ERROR: refuse to start; logging.WARNING: start, but say so
+    message: str
+
+
+def rtp_port_pairs(port_min: int, port_max: int) -> int:
+    """RTP/RTCP pairs in the range: even RTP port, RTCP on the next one (RFC 3550 §11)."""
+    first = port_min + (port_min & 1)
+    return max(0, (port_max - first + 1) // 2)
+
+
+def check_settings(s: Settings) -> list[Finding]:
+    """What an operator would want to hear about before the gateway takes calls."""
+    out: list[Finding] = []
+    pairs = rtp_port_pairs(s.rtp.port_min, s.rtp.port_max)
+    needed = s.sip.max_calls * s.rtp.max_streams
+    if s.rtp.port_min >= s.rtp.port_max or pairs == 0:
+        rng = f"TTG_RTP__PORT_MIN ({s.rtp.port_min}) .. TTG_RTP__PORT_MAX ({s.rtp.port_max})"
+        out.append(Finding(logging.ERROR, f"{rng} holds no RTP/RTCP port pair"))
+    elif pairs < needed:
+        out.append(
+            Finding(
+                logging.ERROR,
+                f"RTP ports {s.rtp.port_min}-{s.rtp.port_max} hold {pairs} RTP/RTCP pairs but "
+                f"TTG_SIP__MAX_CALLS={s.sip.max_calls} x TTG_RTP__MAX_STREAMS={s.rtp.max_streams} needs "
+                f"{needed}: widen the range or lower max_calls",
+            )
+        )
+    elif s.rtp.port_quarantine_s > 0 and pairs < needed + needed // 10:
+        out.append(
+            Finding(
+                logging.WARNING,
+                f"RTP ports {s.rtp.port_min}-{s.rtp.port_max} hold {pairs} pairs for {needed} streams: "
+                f"released pairs rest {s.rtp.port_quarantine_s:g} s, so at full load with turnover some "
+                "calls may get 503",
+            )
+        )
+    advertised = s.rtp.advertised_host or s.sip.advertised_host
+    if (s.sip.host in _WILDCARDS or s.rtp.host in _WILDCARDS) and not advertised:
+        out.append(
+            Finding(
+                logging.WARNING,
+                f"binding {s.sip.host or '*'} (SIP) / {s.rtp.host or '*'} (RTP) with no advertised address: "
+                "Contact and SDP will carry this host's own address toward each caller; behind NAT or "
+                "in a container set TTG_SIP__ADVERTISED_HOST (and TTG_RTP__ADVERTISED_HOST if media "
+                "differs) or callers will send RTP to an address they cannot reach (one-way audio)",
+            )
+        )
+    for name, host in (("TTG_SIP__ADVERTISED_HOST", s.sip.advertised_host),
+                       ("TTG_RTP__ADVERTISED_HOST", s.rtp.advertised_host)):  # fmt: skip
+        if host in _WILDCARDS - {""}:
+            out.append(Finding(logging.ERROR, f"{name}={host} is a wildcard: advertise a reachable address"))
+    if not _is_loopback(s.http.host):
+        out.append(
+            Finding(
+                logging.WARNING,
+                f"HTTP (/metrics, /readyz) is bound to {s.http.host}, not loopback: "
+                "make sure only your monitoring can reach it",
+            )
+        )
+    if s.sip.digest_user and not s.sip.digest_password:
+        out.append(
+            Finding(logging.ERROR, "TTG_SIP__DIGEST_USER is set but TTG_SIP__DIGEST_PASSWORD is empty")
+        )
+    if log_level(s.log.level) is None:
+        out.append(Finding(logging.ERROR, f"TTG_LOG__LEVEL={s.log.level!r} is not a log level"))
+    return out
+
+
+def log_level(name: str) -> int | None:
+    level = logging.getLevelNamesMapping().get(name.strip().upper())
+    return level
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def redact_url(url: str) -> str:
+    """A Redis URL for logs: the password replaced."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+# --- logging -----------------------------------------------------------------------------------------
+
+
+class OneLineFormatter(logging.Formatter):
+    """`time level logger: message`, one line per record (a traceback is folded onto it with ' | ');
+    times in UTC (the trailing Z), so logs of hosts in different zones line up."""
+
+    def converter(self, secs: float | None) -> time.struct_time:
+        return time.gmtime(secs)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).replace("\r", "").replace("\n", " | ")
+
+
+def configure_logging(level: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter(LOG_FORMAT, LOG_DATEFMT))
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for noisy in ("aiohttp.access", "asyncio"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+# --- the model ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelChoice:
+    dir: Path
+    name: str  # call_start `model`, ttg_build_info{model}
+    meaningless: bool = False  # a random bundle: transcripts are noise
+
+
+def choose_model(s: Settings) -> ModelChoice:
+    """The configured bundle, else the embedded demo model, else a generated tiny random bundle."""
+    from asr_core.model import embedded_model_dir
+
+    if s.model.dir:
+        d = Path(s.model.dir).expanduser()
+        return ModelChoice(d, d.resolve().name or str(d))
+    embedded = embedded_model_dir()
+    if embedded is not None:
+        return ModelChoice(embedded, "demo")
+    # Until the demo model ships: the bundle generator lives in tools/ (installed with the package);
+    # this fallback, and with it this one import against the gateway → asr_core direction, goes then.
+    from tools.transcribe import default_model_dir
+
+    try:
+        return ModelChoice(default_model_dir(err=io.StringIO()), "tiny-random", meaningless=True)
+    except Exception as e:
+        raise StartupError(
+            f"no model given (TTG_MODEL__DIR / --model), no embedded demo model, and generating a tiny "
+            f"random one failed: {type(e).__name__}: {e}"
+        ) from None
+
+
+@contextlib.contextmanager
+def _bundle_view(s: Settings, bundle: Path) -> Iterator[tuple[Path, Callable[[str], str]]]:
+    """The bundle with TTG_MODEL__MEL_FILTERS / TTG_MODEL__ENCODER_WEIGHTS (NEMO_MEL_FILTERS,
+    NEMO_MLX_WEIGHTS) swapped in: a temporary directory of symlinks, so the loader reads one folder.
+    Yields the folder and a function that maps paths in loader messages back to the real files."""
+    overrides = {"melfilters.f32": s.model.mel_filters, "encoder.safetensors": s.model.encoder_weights}
+    overrides = {k: v for k, v in overrides.items() if v}
+    if not overrides:
+        yield bundle, lambda text: text
+        return
+    with tempfile.TemporaryDirectory(prefix="ttg-bundle-") as tmp:
+        view = Path(tmp)
+        real: dict[str, str] = {}
+        if bundle.is_dir():
+            for f in bundle.iterdir():
+                if f.name not in overrides:
+                    (view / f.name).symlink_to(f.resolve())
+                    real[str(view / f.name)] = str(f)
+        for name, path in overrides.items():
+            target = Path(path).expanduser()
+            if not target.is_file():
+                var = "TTG_MODEL__MEL_FILTERS" if name == "melfilters.f32" else "TTG_MODEL__ENCODER_WEIGHTS"
+                raise StartupError(f"{var}={path}: no such file")
+            (view / name).symlink_to(target.resolve())
+            real[str(view / name)] = str(target)
+
+        def back(text: str) -> str:
+            for fake, true in real.items():
+                text = text.replace(fake, true)
+            return text.replace(str(view), str(bundle))
+
+        yield view, back
+
+
+def load_model(s: Settings, choice: ModelChoice) -> Any:
+    """`AsrModel.load`, with any loader error turned into a one-line StartupError naming the file."""
+    import asr_core  # noqa: F401  (OpenBLAS before mlx)
+    from asr_core.errors import AsrError
+    from asr_core.model import AsrModel
+
+    with _bundle_view(s, choice.dir) as (folder, back):
+        try:
+            return AsrModel.load(folder, s.model.precision)
+        except (AsrError, OSError, ValueError) as e:
+            raise StartupError(f"cannot load the model bundle: {back(str(e))}") from None
+        except Exception as e:  # a loader bug: still one line, with the type for the bug report
+            raise StartupError(
+                f"cannot load the model bundle {choice.dir}: {type(e).__name__}: {back(str(e))}"
+            ) from None
+
+
+# --- readiness and the per-call log ------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class DaemonReadiness(Readiness):
+    """Readiness plus the daemon's own reason: the ASR engine failed (the process is about to exit)."""
+
+    engine_failed: bool = False
+
+    def reasons(self) -> list[str]:
+        out = super().reasons()
+        if self.engine_failed:
+            out.insert(0, "ASR engine failed")
+        return out
+
+
+class CallLogPublisher:
+    """The sink, plus one INFO line when a call starts and one when it ends, with its counters."""
+
+    def __init__(self, sink: EventPublisher) -> None:
+        self._sink = sink
+        self._counts: dict[str, list[int]] = {}  # call_id -> [partials, finals]
+
+    def publish(self, ev: CallEvent) -> None:
+        try:
+            self._log(ev)
+        except Exception:  # logging must never cost an event
+            logger.exception("call log failed for a %s event", ev.type)
+        self._sink.publish(ev)
+
+    def _log(self, ev: CallEvent) -> None:
+        x = ev.extra
+        if ev.type == "call_start":
+            self._counts[ev.call_id] = [0, 0]
+            logger.info(
+                "call %s started: from %s to %s via %s/%s, sip call-id %s, lang %s (%s), codec %s",
+                ev.call_id, x.get("ani") or x.get("from", ""), x.get("dnis", ""), x.get("source", ""),
+                x.get("transport", ""), ev.sip_call_id, ev.lang, x.get("language_source", ""),
+                x.get("codec") or "-",
+            )  # fmt: skip
+        elif ev.type in ("partial", "final"):
+            counts = self._counts.get(ev.call_id)
+            if counts is not None:
+                counts[ev.type == "final"] += 1
+        elif ev.type == "call_end":
+            partials, finals = self._counts.pop(ev.call_id, [0, 0])
+            logger.info(
+                "call %s ended: %s after %.1f s, audio %s ms, %d finals, %d partials, dtmf %s, asr %s "
+                "(dropped chunks %s), rtp %s packets, lost %s, late %s, dup %s, jitter %s ms",
+                ev.call_id, x.get("reason", "?"), int(x.get("duration_ms") or 0) / 1000,
+                x.get("audio_ms", "0"), finals, partials, x.get("dtmf_events", "0"), x.get("asr", "-"),
+                x.get("asr_dropped_chunks", "0"), x.get("rtp_packets", "0"), x.get("rtp_lost", "0"),
+                x.get("rtp_late", "0"), x.get("rtp_duplicate", "0"), x.get("rtp_jitter_ms", "0"),
+            )  # fmt: skip
+
+
+# --- the daemon --------------------------------------------------------------------------------------
+
+
+EngineFactory = Callable[[Any, Callable[[BaseException], None]], Any]
+
+
+def default_engine_factory(settings: Settings) -> EngineFactory:
+    def make(model: Any, on_fatal: Callable[[BaseException], None]) -> Any:
+        from asr_core.config import EngineConfig
+        from asr_core.engine import AsrEngine
+        from gateway.metrics import PrometheusEngineHooks
+
+        config = EngineConfig.from_settings(settings.model_dump())
+        return AsrEngine(model, config, PrometheusEngineHooks(), on_fatal=on_fatal)
+
+    return make
+
+
+class Daemon:
+    """Runs the gateway until a signal (or an engine failure); `run()` returns the exit status.
+
+    `engine_factory(model, on_fatal)` builds the (not yet started) engine; tests pass one that wraps
+    the real engine's model to inject a failure. `install_signals=False` when the caller owns them.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        model: Any,
+        choice: ModelChoice,
+        *,
+        engine_factory: EngineFactory | None = None,
+        install_signals: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.model = model
+        self.choice = choice
+        self.engine_factory = engine_factory or default_engine_factory(settings)
+        self.install_signals = install_signals
+        self.readiness = DaemonReadiness()
+        self.exit_code = EXIT_OK
+        self.frontend: Any = None
+        self.http: HttpServer | None = None
+        self.sink: Any = None
+        self.engine: Any = None
+        self.ready = asyncio.Event()  # set once calls are taken (tests, embedding)
+        self._stop = asyncio.Event()
+        self._force = asyncio.Event()
+        self._hurry = False  # no grace period (engine failure)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._signals = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # --- control ---
+
+    def request_stop(self, why: str = "requested") -> None:
+        """Begin a graceful shutdown (what SIGTERM does); a second call forces it; a third exits."""
+        self._signals += 1
+        if self._signals == 1:
+            logger.info("%s: shutting down gracefully (again to hurry, a third time to exit at once)", why)
+            self._stop.set()
+        elif self._signals == 2:
+            logger.warning("%s again: hanging up every call now and flushing briefly", why)
+            self._force.set()
+            self._stop.set()
+        else:
+            logger.warning("%s a third time: exiting now; committed events are in the spool", why)
+            logging.shutdown()
+            os._exit(EXIT_FAILURE)
+
+    def _on_engine_fatal(self, error: BaseException) -> None:
+        """Called on the engine's MLX thread."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                loop.call_soon_threadsafe(self._engine_failed, error)
+
+    def _engine_failed(self, error: BaseException) -> None:
+        logger.critical(
+            "ASR engine failed (%s: %s): not ready, ending every call, then exiting with status %d "
+            "so that the supervisor restarts the gateway",
+            type(error).__name__, error, EXIT_FAILURE,
+        )  # fmt: skip
+        self.readiness.engine_failed = True
+        self.exit_code = EXIT_FAILURE
+        self._hurry = True  # no grace period for speech: the calls end as their streams fail
+        self._stop.set()
+
+    # --- run ---
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        if self.install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop, sig.name)
+        try:
+            try:
+                await self._start()
+            except StartupError:
+                raise
+            except OSError as e:
+                raise StartupError(f"cannot start: {e}", EXIT_FAILURE) from None
+            if not self._stop.is_set():
+                self.ready.set()
+                await self._stop.wait()
+        except StartupError as e:
+            logger.error("%s", e)
+            self.exit_code = e.code
+        finally:
+            await self._shutdown()
+            if self.install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        return self.exit_code
+
+    async def _start(self) -> None:
+        from gateway.calls import FrontEndConfig, TelephonyFrontEnd
+        from gateway.metrics import init_metrics
+        from gateway.rtp.receiver import MediaManager
+        from gateway.sink import RedisSink
+
+        s = self.settings
+        init_metrics(model=self.choice.name)
+        try:
+            self.sink = RedisSink.from_settings(s, on_degraded=self.readiness.set_sink_degraded)
+        except OSError as e:
+            raise StartupError(f"cannot open the spool in {s.sink.spool_dir}: {e}") from None
+        await self.sink.start()
+        if self.sink.core.spool.pending:
+            logger.info(
+                "spool: %d events from an earlier run go to Redis first", self.sink.core.spool.pending
+            )
+        self._tasks.add(asyncio.create_task(self._check_redis()))
+        self.http = HttpServer(self.readiness, s.http.host, s.http.port)
+        try:
+            await self.http.start()
+        except OSError as e:
+            raise StartupError(
+                f"cannot serve HTTP on {s.http.host}:{s.http.port}: {e}", EXIT_FAILURE
+            ) from None
+        self.engine = self.engine_factory(self.model, self._on_engine_fatal)
+        t0 = time.monotonic()
+        try:
+            await asyncio.to_thread(self.engine.start)
+        except Exception as e:
+            self.engine = None
+            raise StartupError(f"the ASR engine did not start: {e}", EXIT_FAILURE) from None
+        logger.info(
+            "ASR engine up in %.1f s: %d decoder workers (%s), max batch %d",
+            time.monotonic() - t0, s.decoder.workers, s.decoder.mode, s.encoder.max_batch,
+        )  # fmt: skip
+        self.frontend = TelephonyFrontEnd(
+            FrontEndConfig.from_settings(s, model_name=self.choice.name),
+            self.engine,
+            CallLogPublisher(self.sink),
+            MediaManager.from_settings(s),
+        )
+        try:
+            await self.frontend.start()
+        except OSError as e:
+            raise StartupError(
+                f"cannot listen for SIP on {s.sip.host}:{s.sip.port}: {e}", EXIT_FAILURE
+            ) from None
+        self.readiness.details["active_calls"] = lambda: self.frontend.active_calls
+        self.readiness.model_loaded = True
+        logger.info(
+            "ready: SIP %s on %s:%d, RTP %s:%d-%d, HTTP %s, Redis %s stream %s, model %s%s",
+            "+".join(s.sip.transports).upper(), s.sip.host, self.frontend.sip_port, s.rtp.host,
+            s.rtp.port_min, s.rtp.port_max, self.http.url, redact_url(s.redis.url), s.redis.stream,
+            self.choice.name, " (RANDOM WEIGHTS: MEANINGLESS TRANSCRIPTS)" if self.choice.meaningless else "",
+        )  # fmt: skip
+
+    async def _check_redis(self) -> None:
+        """Say at startup whether Redis answers (the sink itself only notices with the first event)."""
+        import redis.asyncio as aioredis
+        from redis.exceptions import RedisError
+
+        s = self.settings
+        client = aioredis.Redis.from_url(
+            s.redis.url,
+            socket_timeout=s.redis.socket_timeout_s,
+            socket_connect_timeout=s.redis.connect_timeout_s,
+        )
+        try:
+            await client.ping()
+        except (RedisError, OSError) as e:
+            logger.warning(
+                "Redis at %s does not answer (%s): starting anyway; events wait in memory, then in the "
+                "spool (%s), and go out when it is back",
+                redact_url(s.redis.url), e, s.sink.spool_dir,
+            )  # fmt: skip
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await client.aclose()
+
+    async def _until_forced(self, aw: Awaitable[Any], forced_limit_s: float) -> None:
+        """Await `aw`; once a forcing signal comes, give it at most `forced_limit_s` more."""
+        task = asyncio.ensure_future(aw)
+        force = asyncio.create_task(self._force.wait())
+        try:
+            await asyncio.wait({task, force}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                done, _ = await asyncio.wait({task}, timeout=forced_limit_s)
+                if not done:
+                    task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        finally:
+            force.cancel()
+
+    async def _shutdown(self) -> None:
+        s = self.settings
+        self.readiness.draining = True
+        t0 = time.monotonic()
+        if self.frontend is not None:
+            self.frontend.stop_admitting()
+            live = self.frontend.active_calls
+            grace = ENGINE_FAILURE_GRACE_S if self._hurry else s.daemon.shutdown_grace_s
+            if live and not self._force.is_set():
+                logger.info(
+                    "draining: %d calls may go on for up to %.0f s (a second signal hangs them up now)",
+                    live, grace,
+                )  # fmt: skip
+                await self._until_forced(self.frontend.drain(grace), 0.0)
+            live = self.frontend.active_calls
+            if live:
+                logger.info("hanging up %d calls (BYE, Reason: shutdown) and waiting for their finals", live)
+            hangup_s = FORCED_HANGUP_S if self._force.is_set() else s.daemon.hangup_timeout_s
+            await self._until_forced(self.frontend.close(hangup_s), FORCED_HANGUP_S)
+        if self.sink is not None:
+            flush_s = FORCED_FLUSH_S if self._force.is_set() else s.sink.flush_timeout_s
+            try:
+                await self.sink.close(flush_s)
+            except Exception:
+                logger.exception("closing the sink failed")
+        if self.http is not None:
+            await self.http.stop()
+        if self.engine is not None:
+            try:
+                await asyncio.to_thread(self.engine.shutdown, drain=True, timeout=ENGINE_SHUTDOWN_S)
+            except Exception:
+                logger.exception("engine shutdown failed")
+        logger.info("stopped in %.1f s (exit status %d)", time.monotonic() - t0, self.exit_code)
+
+
+# --- entry point -------------------------------------------------------------------------------------
+
+
+def _run_loop(coro_fn: Callable[[], Awaitable[int]], use_uvloop: bool) -> int:
+    loop_factory = None
+    if use_uvloop:
+        try:
+            import uvloop
+
+            loop_factory = uvloop.new_event_loop
+        except ImportError:
+            logger.info("uvloop is not installed: using the standard asyncio event loop")
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(coro_fn())  # type: ignore[arg-type]
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except StartupError as e:
+        print(f"ttg serve: {e}", file=sys.stderr)
+        return e.code
+    configure_logging(log_level(settings.log.level) or logging.INFO)
+    findings = check_settings(settings)
+    for f in findings:
+        if f.level >= logging.ERROR:
+            print(f"ttg serve: {f.message}", file=sys.stderr)
+            return EXIT_CONFIG
+        logger.log(f.level, "%s", f.message)
+    try:
+        choice = choose_model(settings)
+        if choice.meaningless:
+            logger.warning(
+                "NO MODEL GIVEN AND NO EMBEDDED DEMO MODEL: serving a TINY RANDOM bundle (%s); its "
+                "transcripts are MEANINGLESS. Set TTG_MODEL__DIR (or --model DIR) to a real bundle.",
+                choice.dir,
+            )
+        t0 = time.monotonic()
+        model = load_model(settings, choice)
+    except StartupError as e:
+        print(f"ttg serve: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:  # Ctrl-C while the model loads: nothing to shut down yet
+        print("ttg serve: interrupted while loading the model", file=sys.stderr)
+        return 130
+    logger.info("model %s loaded from %s in %.1f s", choice.name, choice.dir, time.monotonic() - t0)
+    daemon = Daemon(settings, model, choice)
+    return _run_loop(daemon.run, settings.daemon.uvloop)

@@ -1,0 +1,87 @@
+"""Issue 6, acceptance 3: `ttg replay --calls 20` (its in-process API) against `ttg serve` completes
+with zero failed calls and writes its report files; the report's numbers are checked against what the
+calls did, as the gateway saw them (its events in Redis and its /metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gateway.sink.audit import audit, read_stream
+from tests.e2e.conftest import STREAM, Serve, port_block
+from tools.replay import LoadConfig, MediaConfig, ReplayConfig, run_replay_async
+
+pytestmark = [pytest.mark.sipp, pytest.mark.redis, pytest.mark.slow]
+CALLS = 20
+
+
+async def test_replay_of_twenty_concurrent_calls_against_the_daemon_reports_what_happened(
+    serve: Callable[..., Serve], tiny_bundle: Path, redis_url: str, tmp_path: Path
+) -> None:
+    gw = serve(bundle=tiny_bundle, redis_url=redis_url)
+    await asyncio.to_thread(gw.start)
+    rtp_base = port_block(4 * CALLS + 2)
+    out = tmp_path / "report"
+    cfg = ReplayConfig(
+        target=("127.0.0.1", gw.sip_port),
+        generate=4,  # espeak-ng clips of two sentences each, 1.2 s apart, with their references
+        audio_dir=tmp_path / "audio",
+        media=MediaConfig(lead_ms=200, tail_ms=1500),
+        load=LoadConfig(calls=CALLS, cps=10),
+        rtp_port_min=rtp_base,
+        rtp_port_max=rtp_base + 4 * CALLS,
+        redis_url=redis_url,
+        stream=STREAM,
+        metrics_url=f"http://127.0.0.1:{gw.http_port}/metrics",
+        drain_s=20.0,
+        call_id_prefix="e2e",
+        out_dir=out,
+    )
+    rep = await run_replay_async(cfg)
+    s = rep.summary
+
+    # Zero failed calls; every call answered, carried its audio and got its call_end.
+    assert (s.calls, s.completed, s.failed, s.rejected, s.stopped) == (CALLS, CALLS, 0, 0, 0), [
+        (c.outcome, c.detail) for c in rep.calls if c.outcome != "completed"
+    ]
+    assert s.calls_without_call_end == 0 and s.lang_mismatches == 0
+    assert s.peak_active_calls == CALLS
+    assert s.setup_s.n == CALLS and s.setup_s.max is not None and s.setup_s.max < 5.0
+
+    # The report's numbers against the gateway's own account of the same calls.
+    entries = read_stream(redis_url, STREAM)
+    by_sip = {f["sip_call_id"]: f["call_id"] for _, f in entries if f["type"] == "call_start"}
+    assert sorted(by_sip) == sorted(c.sip_call_id for c in rep.calls)
+    report = audit(entries, ended=by_sip.values())
+    assert not report.problems, report.problems
+    kinds = {sip: Counter(f["type"] for f in report.calls[(cid, "caller")]) for sip, cid in by_sip.items()}
+    for c in rep.calls:
+        end = report.calls[(by_sip[c.sip_call_id], "caller")][-1]
+        assert c.call_end_received and end["type"] == "call_end" and end["reason"] == "bye"
+        assert c.rtp_sent == c.rtp_planned == c.gateway_rtp_packets == int(end["rtp_packets"])
+        assert c.gateway_rtp_lost == 0 and end["asr_dropped_chunks"] == "0"
+        assert (c.finals, c.partials) == (kinds[c.sip_call_id]["final"], kinds[c.sip_call_id]["partial"])
+        assert len(c.utterances) == 2  # two sentences per clip, as sent
+    assert s.finals == report.counts["final"] and s.partials == report.counts["partial"]
+    assert s.rtp_sent == s.gateway_rtp_packets == gw.metric("ttg_rtp_packets_received_total", codec="PCMU")
+    assert gw.metric("ttg_calls_total", result="admitted") == CALLS
+    assert s.utterances == 2 * CALLS
+    assert s.utterances_without_final is not None
+    assert s.ttf_s.n + s.utterances_without_final == s.utterances
+    assert s.wer is not None and s.wer_ref_words == sum(len((c.reference or "").split()) for c in rep.calls)
+    assert rep.batch_series, "the replay scraped the gateway's /metrics"
+    assert max(p.active_calls for p in rep.batch_series if p.active_calls is not None) <= CALLS
+
+    # Report files written, and the JSON says what the object says.
+    data = json.loads((out / "report.json").read_text())
+    assert data["summary"]["completed"] == CALLS and len(data["calls"]) == CALLS
+    assert data["summary"]["rtp_sent"] == s.rtp_sent
+    assert (out / "report.md").stat().st_size > 500
+    assert (out / "latency_cdf.png").stat().st_size > 1000
+    assert (out / "batch_size.png").stat().st_size > 1000
+    assert gw.stop() == 0
