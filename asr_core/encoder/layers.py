@@ -1,0 +1,457 @@
+"""The encoder's math in MLX as pure functions over batched arrays (model_spec.md §3, §5.3).
+
+Shapes: B rows, T new encoder frames per row, D = hidden, H heads of dh, Lc cached frames, K conv
+taps. The streaming entry points (`subsample`, `encoder_stack`) are traced by `mx.compile` once per input
+shape; everything elementwise between two matmuls fuses into one kernel there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from asr_core.bundle import EncoderConfig
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    ff1_norm: tuple[mx.array, mx.array]
+    ff1_w1: mx.array  # (D, FF)
+    ff1_w2: mx.array  # (FF, D)
+    att_norm: tuple[mx.array, mx.array]
+    # Fused (GPU): (D, 4D) = [q | q | k | v] with q scaled by 1/sqrt(dh), and b_qq = [u | v] (scaled):
+    # one matmul and one add give (q+u)/sqrt(dh), (q+v)/sqrt(dh), k and v. Unfused (CPU, where the
+    # step streams weights and a duplicated q costs 4 % more bytes): (D, 3D) = [q | k | v].
+    w_qkv: mx.array
+    b_qq: mx.array  # (2D,)
+    b_u: mx.array  # (D,) = b_qq[:D], b_v = b_qq[D:], for the unfused layout
+    b_v: mx.array
+    w_o: mx.array  # (D, D)
+    w_pos: mx.array  # (D, D) relative_k_proj, for tables built at run time (offline)
+    pos_t: mx.array  # (H, dh, NP): projected relative positions d_min..d_max, precomputed once
+    conv_norm: tuple[mx.array, mx.array]
+    w_pw1: mx.array  # (D, 2D): GLU value | gate
+    w_dw: tuple[mx.array, ...]  # K taps of (D,), oldest frame first
+    dw_norm: tuple[mx.array, mx.array]
+    w_pw2: mx.array  # (D, D)
+    ff2_norm: tuple[mx.array, mx.array]
+    ff2_w1: mx.array
+    ff2_w2: mx.array
+    out_norm: tuple[mx.array, mx.array]
+
+
+@dataclass(frozen=True)
+class SubsamplingParams:
+    w_in: mx.array  # (k*k, C) conv_in taps, kt-major (one input channel): a matmul over patches
+    b_in: mx.array  # (C,)
+    w_dw: tuple[tuple[mx.array, ...], ...]  # per later stage: taps (C,), kt-major
+    b_dw: tuple[mx.array, ...]
+    w_pw: tuple[mx.array, ...]  # (C_in, C_out)
+    b_pw: tuple[mx.array, ...]
+    w_out: mx.array  # (C*F, D), input index c*F + f
+    b_out: mx.array
+
+
+@dataclass(frozen=True)
+class HeadParams:
+    w1_x: mx.array  # (D, P): prompt_projector.linear_1 rows for the encoder output
+    w1_prompt: mx.array  # (num_prompts, P): rows for the one-hot block, plus linear_1.bias
+    w2: mx.array  # (P, D)
+    b2: mx.array
+    w_proj: mx.array  # (D, J) encoder_projector
+    b_proj: mx.array
+
+
+@dataclass(frozen=True)
+class EncoderParams:
+    cfg: EncoderConfig
+    dtype: mx.Dtype
+    sub: SubsamplingParams
+    layers: tuple[LayerParams, ...]
+    head: HeadParams
+    t_max: int  # largest chunk (encoder frames) the precomputed position tables cover
+    d_min: int  # relative distance of pos_t column 0
+    attention: str = "explicit"  # or "sdpa": mx.fast.scaled_dot_product_attention with the bias
+    fused_queries: bool = False  # LayerParams.w_qkv layout
+
+    @property
+    def input_scale(self) -> float:
+        return float(np.sqrt(self.cfg.hidden_size)) if self.cfg.scale_input else 1.0
+
+
+def relative_position_embedding(distances: np.ndarray, d_model: int) -> np.ndarray:
+    """Transformer-XL sinusoids for relative distances (query minus key), interleaved sin/cos.
+
+    Computed in float32 exactly like the reference (NeMo RelPositionalEncoding, HF
+    NemotronAsrStreamingEncoderRelPositionalEncoding), which is also how the model was trained.
+    """
+    inv_freq = np.float32(1.0) / (
+        np.float32(10000.0) ** (np.arange(0, d_model, 2, dtype=np.float32) / np.float32(d_model))
+    )
+    angles = distances.astype(np.float32)[:, None] * inv_freq[None, :]
+    pe = np.empty((len(distances), d_model), dtype=np.float32)
+    pe[:, 0::2] = np.sin(angles)
+    pe[:, 1::2] = np.cos(angles)
+    return pe
+
+
+def project_positions(w_pos: mx.array, distances: np.ndarray, n_heads: int, dtype: mx.Dtype) -> mx.array:
+    """(H, dh, len(distances)) = relpos(distances) @ relative_k_proj, in float64 then cast."""
+    d_model = w_pos.shape[0]
+    pe = relative_position_embedding(distances, d_model).astype(np.float64)
+    w = np.array(w_pos.astype(mx.float32), dtype=np.float64)
+    proj = (pe @ w).reshape(len(distances), n_heads, d_model // n_heads)
+    return mx.array(np.ascontiguousarray(proj.transpose(1, 2, 0)).astype(np.float32)).astype(dtype)
+
+
+def build_params(
+    weights: Mapping[str, mx.array],
+    cfg: EncoderConfig,
+    dtype: mx.Dtype,
+    attention: str = "explicit",
+    fused_queries: bool = False,
+) -> EncoderParams:
+    """Bundle weights (HF names, MLX layouts) -> fused arrays in `dtype`."""
+    if attention not in ("explicit", "sdpa"):
+        raise ValueError(f"attention {attention!r}: expected 'explicit' or 'sdpa'")
+
+    def w(name: str) -> mx.array:
+        return weights[name].astype(dtype)
+
+    def w32(name: str) -> mx.array:
+        return weights[name].astype(mx.float32)
+
+    def taps(kernel: mx.array) -> tuple[mx.array, ...]:  # OHWI (C, kt, kf, 1) -> kt-major taps
+        return tuple(kernel[:, kt, kf, 0] for kt in range(kernel.shape[1]) for kf in range(kernel.shape[2]))
+
+    def norm(prefix: str) -> tuple[mx.array, mx.array]:
+        return w(prefix + ".weight"), w(prefix + ".bias")
+
+    H, dh, Lc = cfg.num_attention_heads, cfg.head_dim, cfg.left_context_frames
+    t_max = max(cfg.supported_lookaheads) + 1
+    # Distances a streaming query (Lc + i) sees to keys 0 .. Lc + T - 1, for every T <= t_max.
+    d_min, d_max = -(t_max - 1), Lc + t_max - 1
+    distances = np.arange(d_min, d_max + 1)
+
+    layers = []
+    for n in range(cfg.num_hidden_layers):
+        p = f"encoder.layers.{n}."
+        a = p + "self_attn."
+        scale = dh**-0.5
+        wq = w32(a + "q_proj.weight") * scale
+        w_kv = [w32(a + "k_proj.weight"), w32(a + "v_proj.weight")]
+        w_qkv = mx.concatenate([wq, wq, *w_kv] if fused_queries else [wq, *w_kv], axis=1)
+        b_u, b_v = w32(a + "bias_u").reshape(-1) * scale, w32(a + "bias_v").reshape(-1) * scale
+        layers.append(
+            LayerParams(
+                ff1_norm=norm(p + "norm_feed_forward1"),
+                ff1_w1=w(p + "feed_forward1.linear1.weight"),
+                ff1_w2=w(p + "feed_forward1.linear2.weight"),
+                att_norm=norm(p + "norm_self_att"),
+                w_qkv=w_qkv.astype(dtype),
+                b_qq=mx.concatenate([b_u, b_v]).astype(dtype),
+                b_u=b_u.astype(dtype),
+                b_v=b_v.astype(dtype),
+                w_o=w(a + "o_proj.weight"),
+                w_pos=w(a + "relative_k_proj.weight"),
+                pos_t=project_positions(weights[a + "relative_k_proj.weight"], distances, H, dtype),
+                conv_norm=norm(p + "norm_conv"),
+                w_pw1=w(p + "conv.pointwise_conv1.weight"),
+                w_dw=tuple(w(p + "conv.depthwise_conv.weight")),
+                dw_norm=norm(p + "conv.norm"),
+                w_pw2=w(p + "conv.pointwise_conv2.weight"),
+                ff2_norm=norm(p + "norm_feed_forward2"),
+                ff2_w1=w(p + "feed_forward2.linear1.weight"),
+                ff2_w2=w(p + "feed_forward2.linear2.weight"),
+                out_norm=norm(p + "norm_out"),
+            )
+        )
+
+    s = "encoder.subsampling."
+    n_later = cfg.n_subsampling_stages - 1
+    sub = SubsamplingParams(
+        w_in=mx.stack(list(taps(w(s + "conv_in.weight")))),
+        b_in=w(s + "conv_in.bias"),
+        w_dw=tuple(taps(w(s + f"layers.{i}.depthwise_conv.weight")) for i in range(n_later)),
+        b_dw=tuple(w(s + f"layers.{i}.depthwise_conv.bias") for i in range(n_later)),
+        w_pw=tuple(w(s + f"layers.{i}.pointwise_conv.weight")[:, 0, 0, :].T for i in range(n_later)),
+        b_pw=tuple(w(s + f"layers.{i}.pointwise_conv.bias") for i in range(n_later)),
+        w_out=w(s + "linear.weight"),
+        b_out=w(s + "linear.bias"),
+    )
+    D = cfg.hidden_size
+    w1 = w("prompt_projector.linear_1.weight")  # (D + num_prompts, P)
+    head = HeadParams(
+        w1_x=w1[:D],
+        # one-hot(p) @ W1[D:] is row p of W1[D:]; folding the bias in saves an add per step.
+        w1_prompt=(
+            w1[D:].astype(mx.float32) + weights["prompt_projector.linear_1.bias"].astype(mx.float32)
+        ).astype(dtype),
+        w2=w("prompt_projector.linear_2.weight"),
+        b2=w("prompt_projector.linear_2.bias"),
+        w_proj=w("encoder_projector.weight"),
+        b_proj=w("encoder_projector.bias"),
+    )
+    # Materialize contiguous copies now so no step pays for a slice, transpose or cast.
+    params = EncoderParams(cfg, dtype, sub, tuple(layers), head, t_max, d_min, attention, fused_queries)
+    return _rebuild_contiguous(params)
+
+
+def _contiguous(value: Any) -> Any:
+    """Copy of a params tree with every array contiguous (and evaluated by the caller)."""
+    if isinstance(value, mx.array):
+        return mx.contiguous(value)
+    if isinstance(value, tuple):
+        return tuple(_contiguous(v) for v in value)
+    if isinstance(value, LayerParams | SubsamplingParams | HeadParams):
+        return type(value)(**{k: _contiguous(v) for k, v in vars(value).items()})
+    return value
+
+
+def _leaves(value: Any) -> list[mx.array]:
+    if isinstance(value, mx.array):
+        return [value]
+    if isinstance(value, tuple):
+        return [a for v in value for a in _leaves(v)]
+    if isinstance(value, LayerParams | SubsamplingParams | HeadParams):
+        return [a for v in vars(value).values() for a in _leaves(v)]
+    return []
+
+
+def _rebuild_contiguous(params: EncoderParams) -> EncoderParams:
+    layers, sub, head = _contiguous(params.layers), _contiguous(params.sub), _contiguous(params.head)
+    mx.eval(_leaves(layers) + _leaves(sub) + _leaves(head))
+    return dataclasses.replace(params, layers=layers, sub=sub, head=head)
+
+
+# --------------------------------------------------------------------------------------------------
+# Subsampling: causal time-freq strided convs, each stage with its own one-row time cache
+
+
+def _tap_views(x: mx.array, k: int, s: int, t_out: int, f_out: int) -> list[mx.array]:
+    """The k*k strided views (kt-major) a stride-s k x k convolution multiplies its taps with."""
+    return [
+        x[:, kt : kt + s * (t_out - 1) + 1 : s, kf : kf + s * (f_out - 1) + 1 : s]
+        for kt in range(k)
+        for kf in range(k)
+    ]
+
+
+def _depthwise_taps(views: list[mx.array], taps: Sequence[mx.array]) -> mx.array:
+    """Depthwise conv as a sum of tap-weighted views: one fused kernel under mx.compile, and on the
+    CPU still faster than a grouped conv2d."""
+    acc = views[0] * taps[0]
+    for view, tap in zip(views[1:], taps[1:], strict=True):
+        acc = acc + view * tap
+    return acc
+
+
+def subsample(
+    p: EncoderParams, mel: mx.array, caches: list[mx.array] | None, first: bool, last: bool
+) -> tuple[mx.array, list[mx.array]]:
+    """mel (B, n, n_mels) -> (B, T, D) and each stage's new cached input row.
+
+    `caches[i]` is stage i's cached input row ((B, F_i) for the mel stage, (B, F_i, C) later), ignored
+    on a first chunk, which gets the offline causal padding (2 zero rows) instead. A last chunk gets
+    the offline right padding (1 zero row) at every stage (model_spec.md §5.3).
+    """
+    cfg = p.cfg
+    k, s = cfg.subsampling_conv_kernel_size, cfg.subsampling_conv_stride
+    x = mel.astype(p.dtype)
+    new_rows: list[mx.array] = []
+    for i in range(cfg.n_subsampling_stages):
+        if x.shape[1] == 0:
+            raise ValueError("an empty chunk reached the subsampling")
+        extra = [(0, 0)] * (x.ndim - 3)  # channels, after the first stage
+        x = mx.pad(x, [(0, 0), (0, 0), (k - 1, s - 1), *extra])  # causal frequency padding
+        if first:
+            x = mx.pad(x, [(0, 0), (k - 1, 0), (0, 0), *extra])
+        else:
+            assert caches is not None
+            x = mx.concatenate([caches[i][:, None], x], axis=1)
+        # The row a later chunk needs is this chunk's last input row (before the right padding).
+        new_rows.append(x[:, -1])
+        if last:
+            x = mx.pad(x, [(0, 0), (0, s - 1), (0, 0), *extra])
+        t_in, f_in = x.shape[1], x.shape[2]
+        t_out, f_out = (t_in - k) // s + 1, (f_in - k) // s + 1
+        views = _tap_views(x, k, s, t_out, f_out)
+        if i == 0:
+            # One input channel: patches (B, T, F, k*k) @ taps (k*k, C), not k*k full-size products.
+            x = mx.maximum(mx.stack(views, axis=-1) @ p.sub.w_in + p.sub.b_in, 0)
+        else:
+            x = _depthwise_taps(views, p.sub.w_dw[i - 1]) + p.sub.b_dw[i - 1]
+            x = mx.maximum(x @ p.sub.w_pw[i - 1] + p.sub.b_pw[i - 1], 0)
+    # (B, T, F, C) -> (B, T, C*F): feature index c*F + f, as PyTorch's (B, C, T, F) flattening.
+    x = x.swapaxes(2, 3).flatten(2, 3)
+    x = x @ p.sub.w_out + p.sub.b_out
+    if p.cfg.scale_input:
+        x = x * p.input_scale
+    return x, new_rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Conformer block with external caches
+
+
+def _ln(x: mx.array, wb: tuple[mx.array, mx.array], eps: float) -> mx.array:
+    return mx.fast.layer_norm(x, wb[0], wb[1], eps)
+
+
+def _ff(x: mx.array, norm: tuple[mx.array, mx.array], w1: mx.array, w2: mx.array, eps: float) -> mx.array:
+    h = _ln(x, norm, eps) @ w1
+    h = h * mx.sigmoid(h)
+    # residual + 0.5 * FF(x) in the matmul's epilogue
+    return mx.addmm(x, h, w2, alpha=0.5, beta=1.0)
+
+
+def conformer_layer(
+    x: mx.array,
+    kv_cache: mx.array | None,
+    conv_cache: mx.array,
+    mask: mx.array,
+    bd_index: mx.array,
+    pos_t: mx.array,
+    lp: LayerParams,
+    cfg: EncoderConfig,
+    attn_impl: str = "explicit",
+) -> tuple[mx.array, mx.array, mx.array]:
+    """One block over T new frames of B rows.
+
+    x (B, T, D); kv_cache (B, Lc, 2D) projected K|V of the cached frames, oldest first (None: no
+    cache, as offline); conv_cache (B, K-1, D) last GLU outputs; mask additive (B|1, 1, T|1, L) with
+    L = Lc + T keys; bd_index (1, 1, T, L) column of `pos_t` holding each (query, key) distance.
+    Returns x, this chunk's K|V (B, T, 2D) and the new conv cache (B, K-1, D).
+    """
+    eps = cfg.layer_norm_eps
+    D, H, dh = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    B, T = x.shape[0], x.shape[1]
+    K = len(lp.w_dw)
+    # The residual stream as (B*T, D) rows: every dense matmul is then one 2-D GEMM (MLX runs a
+    # batched addmm as B small ones: 4x slower on the CPU, and B launches' worth on a GPU).
+    x = x.reshape(B * T, D)
+
+    x = _ff(x, lp.ff1_norm, lp.ff1_w1, lp.ff1_w2, eps)
+
+    qkv = (_ln(x, lp.att_norm, eps) @ lp.w_qkv).reshape(B, T, -1)
+    if qkv.shape[-1] == 4 * D:  # fused: [q | q | k | v]
+        qq = qkv[..., : 2 * D] + lp.b_qq  # (q + u)/sqrt(dh) | (q + v)/sqrt(dh), one kernel
+        q_u_flat, q_v_flat, kv_new = qq[..., :D], qq[..., D:], qkv[..., 2 * D :]
+    else:
+        q = qkv[..., :D]
+        q_u_flat, q_v_flat, kv_new = q + lp.b_u, q + lp.b_v, qkv[..., D:]
+    kv = kv_new if kv_cache is None else mx.concatenate([kv_cache, kv_new], axis=1)
+
+    def heads(t: mx.array) -> mx.array:  # (B, n, D) -> (B, H, n, dh)
+        return mx.unflatten(t, -1, (H, dh)).transpose(0, 2, 1, 3)
+
+    q_u, q_v = heads(q_u_flat), heads(q_v_flat)
+    k, v = heads(kv[..., :D]), heads(kv[..., D:])
+    # Transformer-XL scores: content (q+u)·k plus position (q+v)·R[query - key]; the rel-shift of
+    # the reference is a gather of the precomputed distance columns.
+    bias = mx.take_along_axis(q_v @ pos_t, bd_index, axis=-1) + mask
+    if attn_impl == "sdpa":
+        o = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=1.0, mask=bias)
+    else:
+        attn = mx.softmax(q_u @ k.swapaxes(-1, -2) + bias, axis=-1, precise=True)
+        o = attn @ v
+    x = mx.addmm(x, o.transpose(0, 2, 1, 3).reshape(B * T, D), lp.w_o)
+
+    # Convolution module: pw1 -> GLU -> causal depthwise over [cache | new] -> LN -> SiLU -> pw2.
+    g = _ln(x, lp.conv_norm, eps) @ lp.w_pw1
+    glu = (g[:, :D] * mx.sigmoid(g[:, D:])).reshape(B, T, D)
+    seq = mx.concatenate([conv_cache, glu], axis=1)  # (B, K-1+T, D)
+    y = seq[:, 0:T] * lp.w_dw[0]
+    for tap in range(1, K):
+        y = y + seq[:, tap : tap + T] * lp.w_dw[tap]
+    y = _ln(y.reshape(B * T, D), lp.dw_norm, eps)
+    y = y * mx.sigmoid(y)
+    x = mx.addmm(x, y, lp.w_pw2)
+
+    x = _ff(x, lp.ff2_norm, lp.ff2_w1, lp.ff2_w2, eps)
+    x = _ln(x, lp.out_norm, eps)
+    return x.reshape(B, T, D), kv_new, seq[:, T:]
+
+
+def head(p: EncoderParams, x: mx.array, prompt_ids: mx.array) -> mx.array:
+    """Prompt fusion after the encoder, then encoder_projector: (B, T, D) -> (B, T, J) float32."""
+    hp = p.head
+    prompt = mx.take(hp.w1_prompt, prompt_ids, axis=0)[:, None, :]  # (B, 1, P)
+    z = mx.maximum(x @ hp.w1_x + prompt, 0)
+    z = z @ hp.w2 + hp.b2
+    return (z @ hp.w_proj + hp.b_proj).astype(mx.float32)
+
+
+def streaming_bd_index(p: EncoderParams, T: int) -> mx.array:
+    """Column of `pos_t` for query i (absolute Lc + i) and key j: distance Lc + i - j, minus d_min."""
+    Lc = p.cfg.left_context_frames
+    i = np.arange(T)[:, None]
+    j = np.arange(Lc + T)[None, :]
+    return mx.array((Lc + i - j - p.d_min).astype(np.int32)[None, None])
+
+
+def streaming_mask(valid: mx.array, Lc: int, T: int, dtype: mx.Dtype) -> mx.array:
+    """(B, 1, 1, Lc + T) additive mask: the oldest Lc - valid cache slots hold no frame yet."""
+    empty = mx.arange(Lc + T)[None, :] < (Lc - valid)[:, None]
+    return mx.where(empty, mx.array(-np.inf, dtype), mx.array(0, dtype))[:, None, None, :]
+
+
+def encoder_stack(
+    p: EncoderParams,
+    x: mx.array,
+    kv_cache: mx.array,
+    conv_cache: mx.array,
+    valid: mx.array,
+    prompt_ids: mx.array,
+    bd_index: mx.array,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """All conformer layers plus the head for B rows of T frames (one streaming step).
+
+    kv_cache (layers, B, Lc, 2D) and conv_cache (layers, B, K-1, D) are the rows' gathered caches.
+    Returns frames (B, T, J) float32, new K|V (layers, B, T, 2D) and new conv caches (layers, ...).
+    """
+    cfg = p.cfg
+    T = x.shape[1]
+    mask = streaming_mask(valid, cfg.left_context_frames, T, x.dtype)
+    kv_out, conv_out = [], []
+    for n, lp in enumerate(p.layers):
+        x, kv_new, conv_new = conformer_layer(
+            x, _layer(kv_cache, n), _layer(conv_cache, n), mask, bd_index, lp.pos_t, lp, cfg, p.attention
+        )
+        kv_out.append(kv_new)
+        conv_out.append(conv_new)
+    frames = head(p, x, prompt_ids)
+    return frames, mx.stack(kv_out), mx.stack(conv_out)
+
+
+def _layer(stacked: mx.array, n: int) -> mx.array:
+    # A view; `stacked[n]` would be a gather, i.e. a copy kernel per layer.
+    return mx.squeeze(stacked[n : n + 1], 0)
+
+
+def offline_forward(p: EncoderParams, mel: mx.array, lookahead: int, prompt_id: int) -> mx.array:
+    """Whole utterance at once with the chunked_limited mask (the reference's offline mode)."""
+    cfg = p.cfg
+    if mel.shape[0] == 0:
+        return mx.zeros((0, cfg.output_size))
+    x, _ = subsample(p, mel[None], None, first=True, last=True)
+    N = x.shape[1]
+    chunk = lookahead + 1
+    left_chunks = cfg.left_context_frames // chunk
+    ci = np.arange(N) // chunk
+    diff = ci[:, None] - ci[None, :]
+    allowed = (diff >= 0) & (diff <= left_chunks)
+    mask = mx.array(np.where(allowed, 0.0, -np.inf).astype(np.float32)).astype(p.dtype)[None, None]
+    distances = np.arange(-(N - 1), N)
+    idx = (np.arange(N)[:, None] - np.arange(N)[None, :]) + (N - 1)
+    bd_index = mx.array(idx.astype(np.int32)[None, None])
+    conv_cache = mx.zeros((1, cfg.conv_kernel_size - 1, cfg.hidden_size), dtype=p.dtype)
+    for lp in p.layers:
+        pos_t = project_positions(lp.w_pos, distances, cfg.num_attention_heads, p.dtype)
+        x, _, _ = conformer_layer(x, None, conv_cache, mask, bd_index, pos_t, lp, cfg, p.attention)
+    return head(p, x, mx.array([prompt_id]))[0]

@@ -1,0 +1,419 @@
+"""Batched cache-aware streaming encoder with a device-resident slot pool.
+
+Theory of operation. Every stream owns a slot. Its caches are rows of a few preallocated batched
+arrays (the pool), which double when full:
+
+* K|V: a ring of Lc rows per slot in `kv` (layers, 1 + cap*Lc, 2D) holding the *projected* keys and
+  values of the last Lc encoder frames; frame a of slot s lives in row 1 + s*Lc + a % Lc. A step
+  gathers each row's Lc cached frames oldest-first (one take for all layers, each layer's block
+  contiguous) and writes only its T new frames back, so no cache is ever shifted in the pool.
+* conv: the last K-1 GLU outputs per layer, `conv` (layers, 1 + cap, K-1, D).
+* subsampling: each strided stage's last input row, `sub[i]` (1 + cap, F_i[, C]).
+
+Row 0 of every pool is zeros and is never written: a fresh stream gathers it for slots that hold no
+frame yet (they are masked anyway; zeros keep them finite).
+
+`step(rows)` groups rows by subsampling shape (mel frames, first, last), runs the conformer stack
+once per output length T (rows of different lookaheads, languages, first/later chunks share it),
+and evaluates everything with one `mx.eval`. The pool writes of a step are applied lazily at the
+start of the next one: an MLX scatter can reuse the pool's buffer in place only when no gather of
+the same graph still references it, and deferring the writes guarantees exactly that.
+
+Not thread-safe: one thread owns the encoder (the engine's MLX thread).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import mlx.core as mx
+import numpy as np
+
+from asr_core.bundle import PRECISIONS, EncoderConfig
+from asr_core.encoder.geometry import chunk_frames, encoder_frames, first_chunk_frames
+from asr_core.encoder.layers import (
+    EncoderParams,
+    build_params,
+    encoder_stack,
+    offline_forward,
+    streaming_bd_index,
+    subsample,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInput:
+    """One stream's next chunk: `mel` (n, n_mels) float32 log-mel frames of slot `slot`."""
+
+    slot: int
+    mel: np.ndarray
+    is_last: bool = False
+
+
+@dataclass(slots=True)
+class _Stream:
+    prompt_id: int
+    lookahead: int
+    frames: int = 0  # encoder frames produced so far
+    chunks: int = 0
+    finished: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    index: int  # position in the caller's rows
+    slot: int
+    stream: _Stream
+    mel: np.ndarray
+    first: bool
+    last: bool
+    T: int
+
+
+class StreamingEncoder:
+    """The MLX encoder: slot pool + batched `step` + `forward_offline` (see the module docstring)."""
+
+    def __init__(
+        self,
+        weights: Mapping[str, mx.array],
+        cfg: EncoderConfig,
+        dtype: str | mx.Dtype = "f32",
+        *,
+        capacity: int = 8,
+        compile: bool | None = None,
+        attention: str = "explicit",
+        fused_queries: bool | None = None,
+        pad_batches: bool | None = None,
+    ) -> None:
+        """Defaults depend on the device. `compile` (None: on a GPU only): mx.compile the step, which
+        fuses elementwise chains but, on the CPU, costs a C++ compile per new shape and saves little
+        next to the weight-streaming matmuls. `attention`: "explicit" (matmul, softmax, matmul) or
+        "sdpa" (mx.fast's fused attention). `fused_queries` (None: on a GPU only): one matmul yields
+        both biased queries (fewer kernels, 4 % more weight bytes). `pad_batches` (None: when
+        compiled): pad each call's rows to a few bucket sizes so a varying batch does not trace anew."""
+        on_gpu = mx.default_device() == mx.gpu
+        self.cfg = cfg
+        self.dtype: mx.Dtype = PRECISIONS[dtype] if isinstance(dtype, str) else dtype
+        fused = on_gpu if fused_queries is None else fused_queries
+        self.params: EncoderParams = build_params(weights, cfg, self.dtype, attention, fused)
+        self.compiled = on_gpu if compile is None else compile
+        self.pad_batches = self.compiled if pad_batches is None else pad_batches
+        self._Lc = cfg.left_context_frames
+        self._streams: dict[int, _Stream] = {}
+        self._free: list[int] = []
+        self._capacity = 0
+        self._pending: list[tuple[int, mx.array, mx.array]] = []  # (pool id, row indices, values)
+        self._sub_fns: dict[tuple[bool, bool], Callable[..., tuple[mx.array, ...]]] = {}
+        self._stack_fns: dict[int, Callable[..., tuple[mx.array, ...]]] = {}
+        self._sizes: dict[tuple[int, bool], int] = {}  # (lookahead, first) -> mel frames
+        self._frames: dict[tuple[int, bool, bool], int] = {}  # (mel frames, first, last) -> T
+        D, L, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.conv_kernel_size
+        freqs = cfg.subsampling_freqs()
+        # Pool shapes with the slot axis as 0: kv and conv keep the layer axis in front of it.
+        self._pools: list[mx.array] = [
+            mx.zeros((L, 1, 2 * D), dtype=self.dtype),  # kv ring rows
+            mx.zeros((L, 1, K - 1, D), dtype=self.dtype),  # conv
+            mx.zeros((1, freqs[0]), dtype=self.dtype),  # subsampling stage 0 (single channel)
+            *[mx.zeros((1, f, cfg.subsampling_conv_channels), dtype=self.dtype) for f in freqs[1:-1]],
+        ]
+        self._grow(max(1, capacity))
+
+    # ---------------------------------------------------------------------------------------------
+    # slot pool
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def n_active(self) -> int:
+        return len(self._streams)
+
+    def alloc(self, prompt_id: int, lookahead: int) -> int:
+        """A slot for a new stream with language prompt `prompt_id` and `lookahead` (frames)."""
+        if not 0 <= prompt_id < self.cfg.num_prompts:
+            raise ValueError(f"prompt id {prompt_id} outside [0, {self.cfg.num_prompts})")
+        if lookahead not in self.cfg.supported_lookaheads:
+            raise ValueError(f"lookahead {lookahead} not in {sorted(self.cfg.supported_lookaheads)}")
+        if not self._free:
+            self._grow(2 * self._capacity)
+        slot = heapq.heappop(self._free)
+        self._streams[slot] = _Stream(prompt_id, lookahead)
+        return slot
+
+    def release(self, slot: int) -> None:
+        """Free `slot` (its stream may be finished or not). Its stale caches are never read again."""
+        if self._streams.pop(slot, None) is None:
+            raise ValueError(f"slot {slot} is not allocated")
+        heapq.heappush(self._free, slot)
+
+    def _grow(self, capacity: int) -> None:
+        self._flush_pending()
+        add = capacity - self._capacity
+        for i, pool in enumerate(self._pools):
+            axis = 1 if i < 2 else 0
+            shape = list(pool.shape)
+            shape[axis] = add * self._Lc if i == 0 else add
+            self._pools[i] = mx.concatenate([pool, mx.zeros(shape, dtype=self.dtype)], axis=axis)
+        mx.eval(self._pools)
+        for slot in range(self._capacity, capacity):
+            heapq.heappush(self._free, slot)
+        self._capacity = capacity
+
+    def _flush_pending(self) -> None:
+        # Each scatter consumes the previous pool array (refcount 1), so MLX updates it in place.
+        for pool, idx, values in self._pending:
+            if pool < 2:
+                self._pools[pool][:, idx] = values
+            else:
+                self._pools[pool][idx] = values
+        self._pending.clear()
+
+    # ---------------------------------------------------------------------------------------------
+    # streaming
+
+    def step(self, rows: Sequence[ChunkInput], *, dot_path: str | None = None) -> list[np.ndarray]:
+        """Encode one chunk for each row; returns each row's joiner frames (T_i, J) float32, in order.
+
+        A stream's first chunk has first_chunk_frames(r) mel frames, later chunks chunk_frames(r);
+        the chunk with `is_last` may be shorter (even empty) and ends the stream. `dot_path` writes
+        the step's lazy graph (what one `mx.eval` runs) in DOT format, for counting kernels.
+        """
+        planned = self._plan(rows)
+        self._flush_pending()
+        outputs: list[np.ndarray | None] = [None] * len(rows)
+        J = self.cfg.output_size
+        for r in planned:
+            if r.T == 0:
+                outputs[r.index] = np.zeros((0, J), dtype=np.float32)
+
+        by_t: dict[int, list[tuple[list[_Row], mx.array]]] = {}
+        for key, group in _group(planned, lambda r: (r.mel.shape[0], r.first, r.last)).items():
+            n, first, last = key
+            if n == 0:
+                continue
+            B, Bp = len(group), self._bucket(len(group))
+            mel = np.zeros((Bp, n, self.cfg.n_mels), np.float32)
+            np.stack([r.mel for r in group], out=mel[:B])
+            slots = np.zeros(Bp, np.int32)  # padding rows gather the zero row
+            slots[:B] = [1 + r.slot for r in group]
+            slots_mx = mx.array(slots)
+            x, *stage_rows = self._sub_fn(first, last)(mx.array(mel), slots_mx, *self._pools[2:])
+            if not last:
+                idx = slots_mx[:B] if Bp > B else slots_mx
+                self._pending += [
+                    (2 + i, idx, row[:B] if Bp > B else row) for i, row in enumerate(stage_rows)
+                ]
+            by_t.setdefault(group[0].T, []).append((group, x[:B] if Bp > B else x))
+
+        results: list[tuple[list[_Row], mx.array]] = []
+        for T, parts in by_t.items():
+            group = [r for g, _ in parts for r in g]
+            B, Bp = len(group), self._bucket(len(group))
+            xs = [xp for _, xp in parts]
+            if Bp > B:
+                xs.append(mx.zeros((Bp - B, T, self.cfg.hidden_size), dtype=self.dtype))
+            x = xs[0] if len(xs) == 1 else mx.concatenate(xs)
+            meta = self._stack_meta(group, T, Bp)
+            frames, kv_new, conv_new = self._stack_fn(T)(x, self._pools[0], self._pools[1], *meta[:4])
+            if Bp > B:
+                frames, kv_new, conv_new = frames[:B], kv_new[:, :B], conv_new[:, :B]
+            self._pending.append((0, meta[4], kv_new.flatten(1, 2)))
+            self._pending.append((1, meta[5], conv_new))
+            results.append((group, frames))
+
+        if dot_path is not None:
+            mx.export_to_dot(dot_path, *[f for _, f in results], *self._pools)
+        mx.eval([f for _, f in results], self._pools)
+        for group, frames in results:
+            host = np.array(frames)
+            for k, r in enumerate(group):
+                outputs[r.index] = host[k]
+        for r in planned:
+            r.stream.frames += r.T
+            r.stream.chunks += 1
+            r.stream.finished = r.last
+        return [o if o is not None else np.zeros((0, J), np.float32) for o in outputs]
+
+    def _plan(self, rows: Sequence[ChunkInput]) -> list[_Row]:
+        """Validate every row before anything runs (a refused step changes no stream)."""
+        planned = []
+        n_mels = self.cfg.n_mels
+        streams = self._streams
+        for i, row in enumerate(rows):
+            stream = streams.get(row.slot)
+            if stream is None:
+                raise ValueError(f"slot {row.slot} is not allocated")
+            if stream.finished:
+                raise ValueError(f"slot {row.slot} already received its last chunk")
+            mel = row.mel
+            if mel.ndim != 2 or mel.shape[1] != n_mels:
+                raise ValueError(f"slot {row.slot}: mel of shape {mel.shape}, expected (n, {n_mels})")
+            first = stream.chunks == 0
+            n = mel.shape[0]
+            want = self._chunk_size(stream.lookahead, first)
+            if n != want and not (row.is_last and n < want):
+                which = "first" if first else "later"
+                raise ValueError(f"slot {row.slot}: {which} chunk of {n} mel frames, expected {want}")
+            planned.append(
+                _Row(i, row.slot, stream, mel, first, row.is_last, self._frames_out(n, first, row.is_last))
+            )
+        if len({r.slot for r in planned}) != len(planned):
+            dup = next(s for s, n in Counter(r.slot for r in planned).items() if n > 1)
+            raise ValueError(f"slot {dup} appears twice in one step")
+        return planned
+
+    def _chunk_size(self, lookahead: int, first: bool) -> int:
+        size = self._sizes.get((lookahead, first))
+        if size is None:
+            f = self.cfg.subsampling_factor
+            size = self._sizes[(lookahead, first)] = (
+                first_chunk_frames(lookahead, f) if first else chunk_frames(lookahead, f)
+            )
+        return size
+
+    def _frames_out(self, n: int, first: bool, last: bool) -> int:
+        T = self._frames.get((n, first, last))
+        if T is None:
+            stages = self.cfg.n_subsampling_stages
+            T = self._frames[(n, first, last)] = encoder_frames(n, first, last, stages) if n else 0
+        return T
+
+    def _stack_meta(self, group: list[_Row], T: int, padded: int) -> list[mx.array]:
+        """Per-row indices of one stack call (gathers, valid counts, prompts; `padded` rows, the
+        padding reading only the zero row), then the write indices of the real rows."""
+        Lc, B = self._Lc, len(group)
+        slot = np.fromiter((r.slot for r in group), np.int64, B)
+        a0 = np.fromiter((r.stream.frames for r in group), np.int64, B)  # frames written so far
+        chunk = np.fromiter((r.stream.lookahead + 1 for r in group), np.int64, B)
+        first = np.fromiter((r.first for r in group), bool, B)
+        # chunked_limited: a query sees whole chunks, Lc // chunk of them to the left.
+        valid = np.zeros(padded, np.int32)
+        valid[:B] = np.minimum(a0, (Lc // chunk) * chunk)
+        j = np.arange(Lc)
+        ring = 1 + slot[:, None] * Lc
+        held = j[None, :] >= (Lc - valid[:B])[:, None]
+        # Frame a of a slot lives in ring row a % Lc; unheld slots read the zero row.
+        kv_idx = np.zeros((padded, Lc), np.int32)
+        kv_idx[:B] = np.where(held, ring + (a0[:, None] - Lc + j[None, :]) % Lc, 0)
+        conv_idx = np.zeros(padded, np.int32)
+        conv_idx[:B] = np.where(first, 0, 1 + slot)
+        prompt = np.zeros(padded, np.int32)
+        prompt[:B] = np.fromiter((r.stream.prompt_id for r in group), np.int32, B)
+        kv_write = ring + (a0[:, None] + np.arange(T)[None, :]) % Lc
+        return [
+            mx.array(kv_idx),
+            mx.array(conv_idx),
+            mx.array(valid),
+            mx.array(prompt),
+            mx.array(kv_write.reshape(-1).astype(np.int32)),
+            mx.array((1 + slot).astype(np.int32)),
+        ]
+
+    def _bucket(self, B: int) -> int:
+        """Rows a compiled call is padded to: every new batch size costs a trace of the whole stack,
+        so steps use a few sizes (1, 2, 4, ..., 64, then multiples of 32) instead of every B."""
+        if not self.pad_batches:
+            return B
+        for size in (1, 2, 4, 8, 16, 32, 48, 64):
+            if size >= B:
+                return size
+        return -(-B // 32) * 32
+
+    # mx.compile traces a function again for each new input shape (B, chunk length) and keeps them all.
+    def _sub_fn(self, first: bool, last: bool) -> Callable[..., tuple[mx.array, ...]]:
+        key = (first, last)
+        fn = self._sub_fns.get(key)
+        if fn is None:
+            fn = partial(_subsample_step, self.params, first, last)
+            if self.compiled:
+                fn = mx.compile(fn)
+            self._sub_fns[key] = fn
+        return fn
+
+    def _stack_fn(self, T: int) -> Callable[..., tuple[mx.array, ...]]:
+        fn = self._stack_fns.get(T)
+        if fn is None:
+            fn = partial(_stack_step, self.params, streaming_bd_index(self.params, T))
+            if self.compiled:
+                fn = mx.compile(fn)
+            self._stack_fns[T] = fn
+        return fn
+
+    def warmup(self, lookahead: int, max_batch: int) -> int:
+        """Trace the compiled step for every batch bucket up to `max_batch` (first and later chunks)
+        so that no live step pays for it; returns the number of buckets. A no-op when not compiled.
+        Short final chunks still trace on first use (one per length and bucket; they are rare)."""
+        if not self.compiled:
+            return 0
+        buckets = sorted({self._bucket(b) for b in range(1, max_batch + 1)})
+        n_mels = self.cfg.n_mels
+        for B in buckets:
+            slots = [self.alloc(0, lookahead) for _ in range(B)]
+            try:
+                for first in (True, False):
+                    mel = np.zeros((self._chunk_size(lookahead, first), n_mels), np.float32)
+                    self.step([ChunkInput(s, mel) for s in slots])
+            finally:
+                for s in slots:
+                    self.release(s)
+        return len(buckets)
+
+    # ---------------------------------------------------------------------------------------------
+    # offline
+
+    def forward_offline(self, mel: np.ndarray, lookahead: int, prompt_id: int) -> np.ndarray:
+        """Whole-utterance encoder output (T, J) with the chunked_limited mask of `lookahead`."""
+        mel = np.asarray(mel, dtype=np.float32)
+        if mel.ndim != 2 or mel.shape[1] != self.cfg.n_mels:
+            raise ValueError(f"mel of shape {mel.shape}, expected (n, {self.cfg.n_mels})")
+        out = offline_forward(self.params, mx.array(mel), lookahead, prompt_id)
+        mx.eval(out)
+        return np.array(out)
+
+
+def _subsample_step(
+    params: EncoderParams, first: bool, last: bool, mel: mx.array, slots: mx.array, *pools: mx.array
+) -> tuple[mx.array, ...]:
+    caches = None if first else [mx.take(pool, slots, axis=0) for pool in pools]
+    x, rows = subsample(params, mel, caches, first, last)
+    return (x, *rows)
+
+
+def _stack_step(
+    params: EncoderParams,
+    bd_index: mx.array,
+    x: mx.array,
+    kv_pool: mx.array,
+    conv_pool: mx.array,
+    kv_idx: mx.array,
+    conv_idx: mx.array,
+    valid: mx.array,
+    prompt: mx.array,
+) -> tuple[mx.array, mx.array, mx.array]:
+    kv_cache = _take_rows(kv_pool, kv_idx)  # (layers, B, Lc, 2D), oldest first
+    conv_cache = _take_rows(conv_pool, conv_idx)  # (layers, B, K-1, D)
+    return encoder_stack(params, x, kv_cache, conv_cache, valid, prompt, bd_index)
+
+
+def _take_rows(pool: mx.array, idx: mx.array) -> mx.array:
+    """pool (layers, N, ...) gathered at rows idx (any shape) of every layer -> (layers, *idx.shape, ...).
+
+    One gather over the flattened (layers * N) rows: each gathered row is contiguous, which MLX copies
+    at memory speed (a take along axis 1 moves strided pieces and was ~2x slower on the CPU)."""
+    L, N = pool.shape[0], pool.shape[1]
+    rows = idx[None] + (mx.arange(L, dtype=idx.dtype) * N).reshape((L,) + (1,) * idx.ndim)
+    return mx.take(pool.reshape(L * N, *pool.shape[2:]), rows, axis=0)
+
+
+def _group(
+    rows: list[_Row], key: Callable[[_Row], tuple[int, bool, bool]]
+) -> dict[tuple[int, bool, bool], list[_Row]]:
+    groups: dict[tuple[int, bool, bool], list[_Row]] = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(r)
+    return groups

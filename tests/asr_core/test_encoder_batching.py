@@ -1,0 +1,226 @@
+"""Batched == solo: a stream's frames do not depend on who else is in the step (slot pool rules)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asr_core.bundle import Bundle, load_bundle
+from asr_core.encoder import (
+    ChunkInput,
+    StreamingEncoder,
+    chunk_frames,
+    encoder_frames,
+    first_chunk_frames,
+    offline_frames,
+)
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_bundle: Path) -> Bundle:
+    return load_bundle(tiny_bundle, "f32")
+
+
+def make(bundle: Bundle, **kw: object) -> StreamingEncoder:
+    kw.setdefault("compile", False)
+    return StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, "f32", **kw)  # type: ignore[arg-type]
+
+
+def split(mel: np.ndarray, lookahead: int, empty_last: bool = False) -> list[tuple[np.ndarray, bool]]:
+    out, start, size = [], 0, first_chunk_frames(lookahead)
+    while start < len(mel):
+        stop = min(len(mel), start + size)
+        out.append((mel[start:stop], stop == len(mel) and not empty_last))
+        start, size = stop, chunk_frames(lookahead)
+    if empty_last:
+        out.append((mel[:0], True))
+    return out
+
+
+def solo(
+    enc: StreamingEncoder, mel: np.ndarray, lookahead: int, prompt: int, empty_last: bool = False
+) -> np.ndarray:
+    slot = enc.alloc(prompt, lookahead)
+    frames = [enc.step([ChunkInput(slot, c, last)])[0] for c, last in split(mel, lookahead, empty_last)]
+    enc.release(slot)
+    return np.concatenate(frames)
+
+
+@dataclass
+class Stream:
+    lookahead: int
+    prompt: int
+    mel: np.ndarray
+    joins_at: int
+    empty_last: bool = False
+    chunks: list[tuple[np.ndarray, bool]] = field(default_factory=list)
+    slot: int | None = None
+    out: list[np.ndarray] = field(default_factory=list)
+    done: bool = False
+
+
+def run_schedule(enc: StreamingEncoder, streams: list[Stream], rng: np.random.Generator) -> int:
+    """Streams join at their step, skip steps at random (not ready), leave when done; returns steps."""
+    for s in streams:
+        s.chunks = split(s.mel, s.lookahead, s.empty_last)
+    step = 0
+    while not all(s.done for s in streams):
+        rows, owners = [], []
+        for s in streams:
+            if s.done or step < s.joins_at or (s.slot is not None and rng.random() < 0.3):
+                continue
+            if s.slot is None:
+                s.slot = enc.alloc(s.prompt, s.lookahead)
+            chunk, last = s.chunks[len(s.out)]
+            rows.append(ChunkInput(s.slot, chunk, last))
+            owners.append(s)
+        rng.shuffle(order := np.arange(len(rows)))
+        outs = enc.step([rows[i] for i in order]) if rows else []
+        for i, o in zip(order, outs, strict=True):
+            s = owners[i]
+            s.out.append(o)
+            if rows[i].is_last:
+                enc.release(s.slot)  # type: ignore[arg-type]
+                s.done = True
+        step += 1
+    return step
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_batched_frames_equal_each_streams_solo_run(bundle: Bundle, compiled: bool) -> None:
+    rng = np.random.default_rng(11 if compiled else 12)
+    lookaheads = [0, 3, 6, 13] if not compiled else [3, 3, 0, 13]
+    streams = []
+    for i in range(10 if not compiled else 5):
+        r = lookaheads[i % len(lookaheads)]
+        n_mel = int(rng.integers(1, 500))
+        if i == 2:  # ends on a chunk boundary, then an empty last chunk (end of stream found later)
+            n_mel = first_chunk_frames(r) + chunk_frames(r) * int(rng.integers(0, 5))
+        streams.append(
+            Stream(
+                r,
+                int(rng.choice([0, 19, 101])),
+                rng.standard_normal((n_mel, 128), dtype=np.float32),
+                joins_at=int(rng.integers(0, 12)),
+                empty_last=i == 2,
+            )
+        )
+    enc = make(bundle, capacity=2, compile=compiled)  # grows while streams join
+    run_schedule(enc, streams, rng)
+    assert enc.capacity >= 4 and enc.n_active == 0
+    reference = make(bundle)
+    for s in streams:
+        want = solo(reference, s.mel, s.lookahead, s.prompt)
+        got = np.concatenate(s.out)
+        assert got.shape == want.shape == (offline_frames(len(s.mel)), bundle.config.encoder.output_size)
+        assert np.abs(got - want).max() <= TOL
+
+
+def test_freed_slot_is_reused_without_leaking_the_old_stream(bundle: Bundle) -> None:
+    enc = make(bundle, capacity=1)
+    rng = np.random.default_rng(5)
+    old = rng.standard_normal((400, 128), dtype=np.float32)
+    new = rng.standard_normal((300, 128), dtype=np.float32)
+    slot = enc.alloc(19, 3)
+    for c, last in split(old, 3)[:5]:
+        enc.step([ChunkInput(slot, c, last)])
+    enc.release(slot)  # mid-stream: its caches are full of the old audio
+    assert enc.alloc(0, 6) == slot
+    got = np.concatenate([enc.step([ChunkInput(slot, c, last)])[0] for c, last in split(new, 6)])
+    np.testing.assert_allclose(got, solo(make(bundle), new, 6, 0), atol=TOL, rtol=0)
+
+
+def test_streaming_equals_offline_for_every_length_of_final_chunk(bundle: Bundle) -> None:
+    enc = make(bundle)
+    rng = np.random.default_rng(9)
+    for r in (0, 3):
+        base = first_chunk_frames(r) + chunk_frames(r)
+        for extra in range(0, chunk_frames(r) + 1):
+            mel = rng.standard_normal((base + extra, 128), dtype=np.float32)
+            got = solo(enc, mel, r, 101)
+            # Two computations (chunks + caches vs the whole utterance): fp32 rounding, relative too.
+            np.testing.assert_allclose(got, enc.forward_offline(mel, r, 101), atol=TOL, rtol=TOL)
+
+
+def test_an_empty_last_chunk_ends_the_stream(bundle: Bundle) -> None:
+    enc = make(bundle)
+    mel = np.random.default_rng(1).standard_normal((57, 128), dtype=np.float32)
+    slot = enc.alloc(0, 3)
+    enc.step([ChunkInput(slot, mel[:25])])
+    enc.step([ChunkInput(slot, mel[25:57])])
+    assert enc.step([ChunkInput(slot, mel[:0], is_last=True)])[0].shape == (0, 64)
+    with pytest.raises(ValueError, match="already received its last chunk"):
+        enc.step([ChunkInput(slot, mel[:32])])
+
+
+def test_chunk_geometry() -> None:
+    assert [first_chunk_frames(r) for r in (0, 3, 6, 13)] == [1, 25, 49, 105]
+    assert [chunk_frames(r) for r in (0, 3, 6, 13)] == [8, 32, 56, 112]
+    for r in (0, 3, 6, 13):
+        assert encoder_frames(first_chunk_frames(r), True, False) == r + 1
+        assert encoder_frames(chunk_frames(r), False, False) == r + 1
+        for n in range(1, chunk_frames(r) + 1):  # a short final chunk gives the offline frame count
+            total = first_chunk_frames(r) + n
+            assert r + 1 + encoder_frames(n, False, True) == offline_frames(total)
+
+
+@pytest.mark.parametrize(
+    "rows,message",
+    [
+        (
+            lambda s: [ChunkInput(s, np.zeros((24, 128), np.float32))],
+            "first chunk of 24 mel frames, expected 25",
+        ),
+        (lambda s: [ChunkInput(s, np.zeros((25, 80), np.float32))], r"mel of shape \(25, 80\)"),
+        (lambda s: [ChunkInput(s, np.zeros((25, 128), np.float32))] * 2, "appears twice"),
+        (lambda s: [ChunkInput(s + 1, np.zeros((25, 128), np.float32))], "is not allocated"),
+    ],
+)
+def test_bad_rows_are_refused_before_anything_runs(bundle: Bundle, rows: object, message: str) -> None:
+    enc = make(bundle)
+    slot = enc.alloc(0, 3)
+    with pytest.raises(ValueError, match=message):
+        enc.step(rows(slot))  # type: ignore[operator]
+    # The refused step left the stream untouched: its real first chunk still works.
+    assert enc.step([ChunkInput(slot, np.zeros((25, 128), np.float32))])[0].shape == (4, 64)
+
+
+def test_alloc_checks_prompt_and_lookahead(bundle: Bundle) -> None:
+    enc = make(bundle)
+    with pytest.raises(ValueError, match="lookahead 2 not in"):
+        enc.alloc(0, 2)
+    with pytest.raises(ValueError, match="prompt id 128 outside"):
+        enc.alloc(128, 3)
+    with pytest.raises(ValueError, match="slot 5 is not allocated"):
+        enc.release(5)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"fused_queries": True},
+        {"attention": "sdpa"},
+        {"fused_queries": True, "attention": "sdpa", "compile": True},
+    ],
+)
+def test_gpu_kernel_layouts_give_the_same_frames(bundle: Bundle, variant: dict[str, object]) -> None:
+    # The GPU defaults (one matmul for both biased queries, fused attention, mx.compile) are exact too.
+    rng = np.random.default_rng(21)
+    mels = [rng.standard_normal((n, 128), dtype=np.float32) for n in (300, 190)]
+    base, other = make(bundle), make(bundle, **variant)
+    for mel, r in zip(mels, (3, 13), strict=True):
+        np.testing.assert_allclose(solo(other, mel, r, 19), solo(base, mel, r, 19), atol=TOL, rtol=0)
+
+
+def test_warmup_traces_every_batch_bucket_and_leaves_the_pool_empty(bundle: Bundle) -> None:
+    enc = make(bundle, compile=True)
+    assert enc.warmup(3, 5) == 4  # buckets 1, 2, 4, 8
+    assert enc.n_active == 0 and enc.capacity == 8
+    assert make(bundle).warmup(3, 5) == 0  # eager: nothing to trace
+    mel = np.random.default_rng(2).standard_normal((100, 128), dtype=np.float32)
+    np.testing.assert_allclose(solo(enc, mel, 3, 0), solo(make(bundle), mel, 3, 0), atol=TOL, rtol=0)
