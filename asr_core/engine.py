@@ -311,6 +311,15 @@ class AsrEngine:
     def _encoder_loop(self) -> None:
         try:
             self._encoder = self.model.create_encoder()
+            # On a GPU the step is mx.compile'd per batch bucket: trace them all now (seconds) so
+            # that no live step pays for it. A no-op where the encoder is not compiled.
+            warmup = getattr(self._encoder, "warmup", None)
+            if warmup is not None:
+                lookahead = self.config.default_lookahead
+                warmup(
+                    self.model.default_lookahead if lookahead is None else lookahead,
+                    self.config.scheduler.max_batch,
+                )
         except BaseException as e:
             logger.critical("ASR encoder could not be built", exc_info=e)
             self._failure = e

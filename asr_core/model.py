@@ -239,6 +239,10 @@ class _EncoderAdapter:
     def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
         return list(self._encoder.step([self._row(slot, mel, is_last) for slot, mel, is_last in rows]))
 
+    def warmup(self, lookahead: int, max_batch: int) -> int:
+        """Trace the compiled step for every batch bucket up to `max_batch` (GPU; else a no-op)."""
+        return int(self._encoder.warmup(lookahead, max_batch))
+
 
 class _TextAdapter:
     def __init__(self, tokenizer: Any) -> None:

@@ -34,6 +34,7 @@ class LayerParams:
     w_o: mx.array  # (D, D)
     w_pos: mx.array  # (D, D) relative_k_proj, for tables built at run time (offline)
     pos_t: mx.array  # (H, dh, NP): projected relative positions d_min..d_max, precomputed once
+    pos_rev: mx.array  # (H, dh, NP): the same columns in reverse (d_max first), for the "lean" path
     conv_norm: tuple[mx.array, mx.array]
     w_pw1: mx.array  # (D, 2D): GLU value | gate
     w_dw: tuple[mx.array, ...]  # K taps of (D,), oldest frame first
@@ -78,6 +79,7 @@ class EncoderParams:
     d_min: int  # relative distance of pos_t column 0
     attention: str = "explicit"  # or "sdpa": mx.fast.scaled_dot_product_attention with the bias
     fused_queries: bool = False  # LayerParams.w_qkv layout
+    lean: bool = False  # streaming attention in head-major layouts (see `_lean_attention`)
 
     @property
     def input_scale(self) -> float:
@@ -115,10 +117,14 @@ def build_params(
     dtype: mx.Dtype,
     attention: str = "explicit",
     fused_queries: bool = False,
+    lean: bool = False,
 ) -> EncoderParams:
-    """Bundle weights (HF names, MLX layouts) -> fused arrays in `dtype`."""
+    """Bundle weights (HF names, MLX layouts) -> fused arrays in `dtype`. `lean` needs the unfused
+    [q | k | v] layout (its bias add writes both query layouts from one q)."""
     if attention not in ("explicit", "sdpa"):
         raise ValueError(f"attention {attention!r}: expected 'explicit' or 'sdpa'")
+    if lean and fused_queries:
+        raise ValueError("lean attention uses the unfused [q | k | v] projection")
 
     def w(name: str) -> mx.array:
         return weights[name].astype(dtype)
@@ -147,6 +153,7 @@ def build_params(
         w_kv = [w32(a + "k_proj.weight"), w32(a + "v_proj.weight")]
         w_qkv = mx.concatenate([wq, wq, *w_kv] if fused_queries else [wq, *w_kv], axis=1)
         b_u, b_v = w32(a + "bias_u").reshape(-1) * scale, w32(a + "bias_v").reshape(-1) * scale
+        pos_t = project_positions(weights[a + "relative_k_proj.weight"], distances, H, dtype)
         layers.append(
             LayerParams(
                 ff1_norm=norm(p + "norm_feed_forward1"),
@@ -159,7 +166,8 @@ def build_params(
                 b_v=b_v.astype(dtype),
                 w_o=w(a + "o_proj.weight"),
                 w_pos=w(a + "relative_k_proj.weight"),
-                pos_t=project_positions(weights[a + "relative_k_proj.weight"], distances, H, dtype),
+                pos_t=pos_t,
+                pos_rev=pos_t[..., ::-1],
                 conv_norm=norm(p + "norm_conv"),
                 w_pw1=w(p + "conv.pointwise_conv1.weight"),
                 w_dw=tuple(w(p + "conv.depthwise_conv.weight")),
@@ -198,7 +206,7 @@ def build_params(
         b_proj=w("encoder_projector.bias"),
     )
     # Materialize contiguous copies now so no step pays for a slice, transpose or cast.
-    params = EncoderParams(cfg, dtype, sub, tuple(layers), head, t_max, d_min, attention, fused_queries)
+    params = EncoderParams(cfg, dtype, sub, tuple(layers), head, t_max, d_min, attention, fused_queries, lean)
     return _rebuild_contiguous(params)
 
 
@@ -310,35 +318,25 @@ def _ff(x: mx.array, norm: tuple[mx.array, mx.array], w1: mx.array, w2: mx.array
     return mx.addmm(x, h, w2, alpha=0.5, beta=1.0)
 
 
-def conformer_layer(
-    x: mx.array,
+def _attention(
+    qkv: mx.array,
     kv_cache: mx.array | None,
-    conv_cache: mx.array,
     mask: mx.array,
     bd_index: mx.array,
     pos_t: mx.array,
     lp: LayerParams,
     cfg: EncoderConfig,
-    attn_impl: str = "explicit",
-) -> tuple[mx.array, mx.array, mx.array]:
-    """One block over T new frames of B rows.
+    B: int,
+    T: int,
+    attn_impl: str,
+) -> tuple[mx.array, mx.array]:
+    """Relative-position attention over [cache | new] frames: (B*T, D) output rows and the new K|V.
 
-    x (B, T, D); kv_cache (B, Lc, 2D) projected K|V of the cached frames, oldest first (None: no
-    cache, as offline); conv_cache (B, K-1, D) last GLU outputs; mask additive (B|1, 1, T|1, L) with
-    L = Lc + T keys; bd_index (1, 1, T, L) column of `pos_t` holding each (query, key) distance.
-    Returns x, this chunk's K|V (B, T, 2D) and the new conv cache (B, K-1, D).
-    """
-    eps = cfg.layer_norm_eps
+    The first layout (the GPU run of 2026-11-30 measured it): K|V concatenated as frame rows, heads
+    as strided views (which MLX's matmul copies to contiguous, K transposed), the position term as a
+    batched (B*H) matmul and a gather (the rel-shift)."""
     D, H, dh = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
-    B, T = x.shape[0], x.shape[1]
-    K = len(lp.w_dw)
-    # The residual stream as (B*T, D) rows: every dense matmul is then one 2-D GEMM (MLX runs a
-    # batched addmm as B small ones: 4x slower on the CPU, and B launches' worth on a GPU).
-    x = x.reshape(B * T, D)
-
-    x = _ff(x, lp.ff1_norm, lp.ff1_w1, lp.ff1_w2, eps)
-
-    qkv = (_ln(x, lp.att_norm, eps) @ lp.w_qkv).reshape(B, T, -1)
+    qkv = qkv.reshape(B, T, -1)
     if qkv.shape[-1] == 4 * D:  # fused: [q | q | k | v]
         qq = qkv[..., : 2 * D] + lp.b_qq  # (q + u)/sqrt(dh) | (q + v)/sqrt(dh), one kernel
         q_u_flat, q_v_flat, kv_new = qq[..., :D], qq[..., D:], qkv[..., 2 * D :]
@@ -360,7 +358,95 @@ def conformer_layer(
     else:
         attn = mx.softmax(q_u @ k.swapaxes(-1, -2) + bias, axis=-1, precise=True)
         o = attn @ v
-    x = mx.addmm(x, o.transpose(0, 2, 1, 3).reshape(B * T, D), lp.w_o)
+    return o.transpose(0, 2, 1, 3).reshape(B * T, D), kv_new
+
+
+def _lean_attention(
+    qkv: mx.array,
+    kv_cache: mx.array,
+    mask: mx.array,
+    lp: LayerParams,
+    cfg: EncoderConfig,
+    B: int,
+    T: int,
+    shift: int,
+    attn_impl: str,
+) -> tuple[mx.array, mx.array]:
+    """The same attention with every matmul operand already in the layout cuBLAS takes, so MLX
+    copies nothing behind the graph's back, and no gather:
+
+    * the bias add writes q+u as (B, H, T, dh) and q+v as (H, B*T, dh) (one fused kernel, two
+      outputs, from the unfused [q | k | v] projection);
+    * the K|V concatenation writes (2, B, H, L, dh): K and V are contiguous per head, K^T a
+      transposed view (the first layout made MLX copy K *transposed* per layer: strided reads);
+    * the position term is H GEMMs of (B*T, dh) x (dh, NP) instead of B*H tiny ones, against the
+      distance columns in reverse order, so the rel-shift is a strided view: query i's key j sits
+      at column shift - i + j of its row (`shift` = t_max - 1), i.e. row stride NP - 1.
+
+    qkv (B*T, 3D), kv_cache (B, Lc, 2D); returns (B*T, D) output rows and the new K|V (B, T, 2D)."""
+    D, H, dh = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    Lc = kv_cache.shape[1]
+    L, NP = Lc + T, lp.pos_rev.shape[-1]
+    q = qkv[:, :D].reshape(B, T, H, dh)
+    q_u = q.transpose(0, 2, 1, 3) + lp.b_u.reshape(H, 1, dh)  # (B, H, T, dh)
+    q_v = q.reshape(B * T, H, dh).transpose(1, 0, 2) + lp.b_v.reshape(H, 1, dh)  # (H, B*T, dh)
+    kv_new = qkv[:, D:].reshape(B, T, 2 * D)
+    kv = mx.concatenate(
+        [
+            kv_cache.reshape(B, Lc, 2, H, dh).transpose(2, 0, 3, 1, 4),
+            kv_new.reshape(B, T, 2, H, dh).transpose(2, 0, 3, 1, 4),
+        ],
+        axis=3,
+    )  # (2, B, H, L, dh)
+    k, v = _layer(kv, 0), _layer(kv, 1)
+    pos = q_v @ lp.pos_rev  # (H, B*T, NP), contiguous
+    rel = mx.as_strided(pos, (H, B, T, L), (B * T * NP, T * NP, NP - 1, 1), shift)
+    bias = rel.transpose(1, 0, 2, 3) + mask  # (B, H, T, L)
+    if attn_impl == "sdpa":
+        o = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=1.0, mask=bias)
+    else:
+        attn = mx.softmax(q_u @ k.swapaxes(-1, -2) + bias, axis=-1, precise=True)
+        o = attn @ v
+    return o.transpose(0, 2, 1, 3).reshape(B * T, D), kv_new
+
+
+def conformer_layer(
+    x: mx.array,
+    kv_cache: mx.array | None,
+    conv_cache: mx.array,
+    mask: mx.array,
+    bd_index: mx.array,
+    pos_t: mx.array,
+    lp: LayerParams,
+    cfg: EncoderConfig,
+    attn_impl: str = "explicit",
+    lean_shift: int | None = None,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """One block over T new frames of B rows.
+
+    x (B, T, D); kv_cache (B, Lc, 2D) projected K|V of the cached frames, oldest first (None: no
+    cache, as offline); conv_cache (B, K-1, D) last GLU outputs; mask additive (B|1, 1, T|1, L) with
+    L = Lc + T keys; bd_index (1, 1, T, L) column of `pos_t` holding each (query, key) distance.
+    `lean_shift` (streaming only): use `_lean_attention` with `lp.pos_rev` instead of `bd_index`.
+    Returns x, this chunk's K|V (B, T, 2D) and the new conv cache (B, K-1, D).
+    """
+    eps = cfg.layer_norm_eps
+    D = cfg.hidden_size
+    B, T = x.shape[0], x.shape[1]
+    K = len(lp.w_dw)
+    # The residual stream as (B*T, D) rows: every dense matmul is then one 2-D GEMM (MLX runs a
+    # batched addmm as B small ones: 4x slower on the CPU, and B launches' worth on a GPU).
+    x = x.reshape(B * T, D)
+
+    x = _ff(x, lp.ff1_norm, lp.ff1_w1, lp.ff1_w2, eps)
+
+    qkv = _ln(x, lp.att_norm, eps) @ lp.w_qkv
+    if lean_shift is not None:
+        assert kv_cache is not None, "the lean path is for streaming steps"
+        o, kv_new = _lean_attention(qkv, kv_cache, mask, lp, cfg, B, T, lean_shift, attn_impl)
+    else:
+        o, kv_new = _attention(qkv, kv_cache, mask, bd_index, pos_t, lp, cfg, B, T, attn_impl)
+    x = mx.addmm(x, o, lp.w_o)
 
     # Convolution module: pw1 -> GLU -> causal depthwise over [cache | new] -> LN -> SiLU -> pw2.
     g = _ln(x, lp.conv_norm, eps) @ lp.w_pw1
@@ -418,10 +504,20 @@ def encoder_stack(
     cfg = p.cfg
     T = x.shape[1]
     mask = streaming_mask(valid, cfg.left_context_frames, T, x.dtype)
+    shift = p.t_max - 1 if p.lean else None
     kv_out, conv_out = [], []
     for n, lp in enumerate(p.layers):
         x, kv_new, conv_new = conformer_layer(
-            x, _layer(kv_cache, n), _layer(conv_cache, n), mask, bd_index, lp.pos_t, lp, cfg, p.attention
+            x,
+            _layer(kv_cache, n),
+            _layer(conv_cache, n),
+            mask,
+            bd_index,
+            lp.pos_t,
+            lp,
+            cfg,
+            p.attention,
+            shift,
         )
         kv_out.append(kv_new)
         conv_out.append(conv_new)

@@ -72,6 +72,12 @@ class FakeEncoder:
         self.fail_on_step = fail_on_step
         self.delay_s = delay_s
         self.thread_names: set[str] = set()
+        self.warmups: list[tuple[int, int, int]] = []
+
+    def warmup(self, lookahead: int, max_batch: int) -> int:
+        self.thread_names.add(threading.current_thread().name)
+        self.warmups.append((lookahead, max_batch, len(self.batch_sizes)))
+        return 1
 
     def alloc(self, prompt_id: int, lookahead: int) -> int:
         self.thread_names.add(threading.current_thread().name)
@@ -476,3 +482,12 @@ def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.Mo
     assert (cfg.endpoint.blank_ms, cfg.endpoint.partials) == (600, False)
     assert cfg.default_language == "uk-UA"
     assert EngineConfig.from_settings({}) == EngineConfig()
+
+
+def test_engine_warms_the_encoder_up_on_its_mlx_thread_before_accepting_streams() -> None:
+    # The GPU encoder traces its compiled step per batch bucket; the engine does it once at start
+    # (default lookahead, max_batch) so that no live step pays for a trace.
+    model = FakeModel()
+    with AsrEngine(model, config(max_batch=24)):
+        assert model.encoder.warmups == [(3, 24, 0)]
+    assert model.encoder.thread_names == {"asr-encoder"}
