@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import sys
 from collections.abc import Sequence
 
@@ -17,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "transcribe": ("tools.transcribe", "stream audio files through the engine and print the transcript"),
     "tail": ("gateway.tail", "print transcripts from Redis as they arrive"),
     "replay": ("tools.replay.cli", "synthetic call-load replay against a running gateway"),
-    "bench": ("tools.bench.cli", "benchmarks (encoder, engine, decoder)"),
+    "bench": ("tools.bench.cli", "benchmarks (encoder, engine, decoder, media, sip, sink)"),
     "make-bundle": ("tools.make_bundle", "write a complete model bundle with deterministic random weights"),
     "export": ("tools.export", "convert an upstream checkpoint into the bundle format"),
     "eval": ("tools.eval", "word/character error rate of a model on a labelled set"),
@@ -43,7 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name in COMMANDS:
         module = importlib.import_module(COMMANDS[name][0])
         sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        module.add_arguments(sub_action.choices[name])
+        add = module.add_arguments
+        # A module with nested subcommands (`ttg bench NAME`) needs the argv to import only its own.
+        if "argv" in inspect.signature(add).parameters:
+            add(sub_action.choices[name], argv=argv)
+        else:
+            add(sub_action.choices[name])
     args = parser.parse_args(argv)
     module = importlib.import_module(args._module)
     return int(module.main(args) or 0)

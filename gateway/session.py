@@ -186,7 +186,8 @@ class CallSession:
         self._media_closed = False
         self._stream_finished = False
         self._stream_end: StreamEnded | None = None
-        self._asr_timeout = False
+        # "error" (the engine refused to finish the stream) or "timeout" (no end in time); "" = fine.
+        self._asr_failure = ""
         self.log = CallLog(logger, {"call_id": info.call_id})
         self._publish(self._event("call_start", extra=dict(info.extra)))
 
@@ -231,7 +232,7 @@ class CallSession:
         self.reason = event
         self.ended_at = now
         self._deadline = now + self._finish_timeout_s
-        self.log.info("ending call: %s (sip: %s)", event.value, action.value)
+        self.log.debug("ending call: %s (sip: %s)", event.value, action.value)
         return action
 
     def media_closed(self, stats: Mapping[str, str] | None, now: float) -> None:
@@ -249,7 +250,7 @@ class CallSession:
         except (AsrError, RuntimeError) as e:
             # The engine is gone or the stream already ended: nothing more will come from it.
             self.log.warning("finishing the ASR stream failed: %s", e)
-            self._asr_timeout = True
+            self._asr_failure = "error"
             self._finalize(now)
 
     # --- MediaSink (called by the media adapter on the loop) ---
@@ -313,7 +314,7 @@ class CallSession:
         if self.state is not CallState.ENDING or self._deadline is None or now < self._deadline:
             return
         self.log.warning("ASR stream did not end within %.1f s; closing it", self._finish_timeout_s)
-        self._asr_timeout = True
+        self._asr_failure = "timeout"
         try:
             self.stream.close()
         except (AsrError, RuntimeError) as e:
@@ -342,12 +343,13 @@ class CallSession:
             extra["asr_dropped_chunks"] = str(self._stream_end.dropped_chunks)
             if self._stream_end.error:
                 extra["asr_error"] = self._stream_end.error[:300]
-        if self._asr_timeout:
-            extra["asr"] = "timeout"
+        if self._asr_failure:
+            extra["asr"] = self._asr_failure
         for key, value in self._media_stats.items():
             extra.setdefault(key, value)
         self._publish(self._event("call_end", extra=extra))
-        self.log.info(
+        # The daemon logs the one INFO line per call (from call_end); this is the session's view.
+        self.log.debug(
             "call ended: %s, %s ms audio, %d finals", extra["reason"], extra["audio_ms"], self.finals
         )
 

@@ -267,7 +267,7 @@ class CallMedia:
             metrics.RTP_JITTER.observe(stats.jitter_ms / 1000)
         self._manager._closed(self, now)
         self._deliver(events)
-        logger.info(
+        logger.debug(  # call_end carries these counters, and the daemon logs it at INFO
             "media %s closed: %d packets, lost %d, late %d, dup %d, invalid %d, ssrc changes %d, "
             "dtmf %d, jitter %.1f ms, audio %d ms",
             self.name, stats.packets_received, stats.lost, stats.late, stats.duplicate, stats.invalid,

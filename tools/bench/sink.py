@@ -1,6 +1,6 @@
 """Benchmark of the Redis sink: publish() cost, sustained throughput, spool replay speed.
 
-    python -m tools.bench_sink [--events 100000] [--calls 200] [--url redis://...] [--out bench.json]
+    ttg bench sink [--events 100000] [--calls 200] [--url redis://...] [--out bench.json]
 
 Without --url it starts its own redis-server (AOF off) on a free loopback port in a temp dir and stops
 it by PID at the end. Prints a table and writes the numbers as JSON.

@@ -1,6 +1,6 @@
 """Benchmark of the SIP side: message parsing, the UAS core, and call set-up/tear-down with sipp.
 
-    python -m tools.bench_sip [--calls 1000] [--rate 100] [--hold-ms 1000] [--out bench.json]
+    ttg bench sip [--calls 1000] [--rate 100] [--hold-ms 1000] [--out bench.json]
 
 Runs the telephony front end on 127.0.0.1 (real SIP and RTP sockets, an ASR engine that only counts
 samples, an in-memory event sink) and drives it with sipp's built-in `uac` scenario (INVITE, ACK, hold,
@@ -147,16 +147,15 @@ async def bench_calls(calls: int, rate: float, hold_ms: int, workdir: Path) -> d
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=100.0, help="new calls per second")
     parser.add_argument("--hold-ms", type=int, default=1000, help="how long each call stays up")
     parser.add_argument("--core-messages", type=int, default=20000)
     parser.add_argument("--out", type=Path, default=None, help="write the numbers as JSON here")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {"core": bench_core(args.core_messages)}
     core = result["core"]
     print(f"parse INVITE ({core['invite_bytes']} B): {core['parse_invite_us']:.1f} us")
@@ -177,4 +176,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(_parser)
+    raise SystemExit(main(_parser.parse_args()))
