@@ -30,6 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from asr_core.errors import BundleError
+from asr_core.features import FeatureConfig
 
 Precision = Literal["f32", "f16", "bf16"]
 PRECISIONS: dict[str, mx.Dtype] = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
@@ -52,25 +53,6 @@ DEFAULT_SUPPORTED_LOOKAHEADS = (3, 0, 6, 13)
 
 # --------------------------------------------------------------------------------------------------
 # Typed configuration
-
-
-@dataclass(frozen=True, slots=True)
-class FeatureConfig:
-    sampling_rate: int = 16000
-    n_fft: int = 512
-    hop_length: int = 160
-    win_length: int = 400
-    n_mels: int = 128
-    preemphasis: float = 0.97
-    log_zero_guard: float = 2.0**-24
-    mel_norm: str = "slaney"
-    mel_scale: str = "slaney"
-    fmin: float = 0.0
-    fmax: float = 8000.0
-
-    @property
-    def n_bins(self) -> int:
-        return self.n_fft // 2 + 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,8 @@ F32 = NDArray[np.float32]
 
 @dataclass(frozen=True, slots=True)
 class FeatureConfig:
+    """The bundle config's `features` block (the loader validates it; only slaney mels exist)."""
+
     sampling_rate: int = 16000
     n_fft: int = 512
     hop_length: int = 160
@@ -34,19 +36,28 @@ class FeatureConfig:
     n_mels: int = 128
     preemphasis: float = 0.97
     log_zero_guard: float = 2.0**-24
+    mel_norm: str = "slaney"
+    mel_scale: str = "slaney"
+    fmin: float = 0.0
+    fmax: float = 8000.0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> FeatureConfig:
         """From the bundle config's `features` block (other keys ignored; validation is the loader's)."""
         ints = ("sampling_rate", "n_fft", "hop_length", "win_length", "n_mels")
-        floats = ("preemphasis", "log_zero_guard")
+        floats = ("preemphasis", "log_zero_guard", "fmin", "fmax")
         kw: dict[str, Any] = {k: int(d[k]) for k in ints if k in d}
         kw.update({k: float(d[k]) for k in floats if k in d})
+        kw.update({k: str(d[k]) for k in ("mel_norm", "mel_scale") if k in d})
         return cls(**kw)
 
     @property
     def half_window(self) -> int:
         return self.win_length // 2
+
+    @property
+    def n_bins(self) -> int:
+        return self.n_fft // 2 + 1
 
 
 def _window(cfg: FeatureConfig) -> NDArray[np.float64]:

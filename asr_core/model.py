@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -167,10 +167,11 @@ class AsrModel:
 
     def new_frontend(self, lookahead: int) -> FrontEnd:
         from asr_core.chunker import MelChunker
-        from asr_core.features import FeatureConfig, StreamingLogMel
+        from asr_core.features import StreamingLogMel
 
-        cfg = FeatureConfig.from_dict(asdict(self.bundle.config.features))
-        return _FrontEnd(StreamingLogMel(self.bundle.mel_filters, cfg), MelChunker(lookahead))
+        return _FrontEnd(
+            StreamingLogMel(self.bundle.mel_filters, self.bundle.config.features), MelChunker(lookahead)
+        )
 
     def _graphs(self) -> Any:
         from asr_core.decoder import RnntGraphs
