@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import logging
 from collections.abc import Callable
@@ -127,18 +128,35 @@ class SipEndpoint:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        if self._want_udp:
-            transport, _ = await self._loop.create_datagram_endpoint(
-                lambda: _Udp(self), local_addr=(self.host, self.port)
-            )
-            self._udp = transport
-            self.port = int(transport.get_extra_info("sockname")[1])
-        if self._want_tcp:
-            self._tcp_server = await self._loop.create_server(
-                lambda: _TcpConnection(self, next(self._ids)), self.host, self.port, reuse_address=True
-            )
+        # Port 0 = any free port. UDP picks it; TCP must get the same number, which a TCP socket may
+        # already hold (an ephemeral client port): then try another pair, a few times.
+        ephemeral, requested = self.port == 0, self.port
+        for attempt in range(8 if ephemeral and self._want_udp and self._want_tcp else 1):
+            self.port = requested
+            if self._want_udp:
+                transport, _ = await self._loop.create_datagram_endpoint(
+                    lambda: _Udp(self), local_addr=(self.host, self.port)
+                )
+                self._udp = transport
+                self.port = int(transport.get_extra_info("sockname")[1])
+            if not self._want_tcp:
+                break
+            try:
+                self._tcp_server = await self._loop.create_server(
+                    lambda: _TcpConnection(self, next(self._ids)), self.host, self.port, reuse_address=True
+                )
+            except OSError as e:
+                if not (ephemeral and self._udp is not None and e.errno == errno.EADDRINUSE and attempt < 7):
+                    if self._udp is not None:
+                        self._udp.close()
+                        self._udp = None
+                    raise
+                self._udp.close()
+                self._udp = None
+                continue
             if not self._want_udp:
                 self.port = int(self._tcp_server.sockets[0].getsockname()[1])
+            break
         if self.agent.config.port != self.port:
             # An ephemeral port (tests): Contact and Via must name the port actually bound.
             self.agent.config = replace(self.agent.config, port=self.port)
