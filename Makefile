@@ -15,7 +15,7 @@ APT_PACKAGES := redis-server sip-tester espeak-ng sox prometheus libopenblas0-pt
 BREW_PACKAGES := redis espeak-ng sox prometheus
 PYTEST_ARGS ?=
 
-.PHONY: test demo deps venv lint typecheck pytest clean
+.PHONY: test demo demo-model deps venv lint typecheck pytest clean
 
 test: deps venv lint typecheck pytest
 
@@ -42,6 +42,12 @@ pytest: venv
 
 demo: deps venv
 	$(PY) -m tools.demo
+
+# Rebuild the embedded demo model from nothing (docs/demo-model.md): about 65 min on a 2-core CPU, 55 of
+# them training; `make demo-model DEMO_MODEL_ARGS="--until data"` builds only the carry for a GPU run.
+DEMO_MODEL_ARGS ?=
+demo-model: deps venv
+	$(PY) -m tools.demo_model.recipe $(DEMO_MODEL_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache var

@@ -139,7 +139,7 @@ def test_transcribe_tokens_equal_the_reference_greedy_decode(
         assert tok.decode(tail).text.strip() == ""
 
 
-def test_without_a_model_it_warns_loudly_and_still_runs(tmp_path: Path, speech: Path) -> None:
+def test_without_a_model_it_uses_the_demo_model_or_warns_loudly(tmp_path: Path, speech: Path) -> None:
     from asr_core.model import embedded_model_dir
 
     r = ttg("transcribe", speech, env={"XDG_CACHE_HOME": str(tmp_path)})
@@ -147,6 +147,8 @@ def test_without_a_model_it_warns_loudly_and_still_runs(tmp_path: Path, speech: 
     if embedded_model_dir() is None:
         assert "MEANINGLESS" in r.stderr
         assert (tmp_path / "ttg" / "tiny-random-bundle-seed0" / "encoder.safetensors").exists()
+    else:  # the shipped demo model is the default: no warning, no random bundle
+        assert "MEANINGLESS" not in r.stderr and not (tmp_path / "ttg").exists()
 
 
 def test_bad_input_is_a_clear_error(made_bundle: Path, speech: Path, tmp_path: Path) -> None:

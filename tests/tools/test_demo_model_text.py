@@ -1,0 +1,103 @@
+"""The demo corpus text: numbers as spoken, one normalization, and a held-out set of new sentences."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from tools.demo_model import text
+
+
+@pytest.mark.parametrize(
+    ("n", "spoken"),
+    [
+        (0, "zero"),
+        (13, "thirteen"),
+        (40, "forty"),
+        (245, "two hundred forty five"),
+        (1000, "one thousand"),
+        (2553, "two thousand five hundred fifty three"),
+        (1_000_017, "one million seventeen"),
+    ],
+)
+def test_english_cardinals_are_spelled_as_spoken_without_hyphens(n: int, spoken: str) -> None:
+    assert text.en_cardinal(n) == spoken
+
+
+def test_english_ordinals_and_years_follow_how_dates_are_read() -> None:
+    assert [text.en_ordinal(d) for d in (1, 2, 3, 12, 20, 21, 28)] == [
+        "first", "second", "third", "twelfth", "twentieth", "twenty first", "twenty eighth",
+    ]  # fmt: skip
+    assert text.en_year(2024) == "twenty twenty four"
+    assert text.en_year(2007) == "two thousand seven"
+    assert text.en_year(1905) == "nineteen oh five"
+    assert text.en_year(1900) == "nineteen hundred"
+
+
+def test_ukrainian_amounts_agree_in_gender_and_number() -> None:
+    forms = ("гривня", "гривні", "гривень")
+    assert [text.uk_plural(n, forms) for n in (1, 2, 5, 11, 14, 21, 22, 25, 101)] == [
+        "гривня", "гривні", "гривень", "гривень", "гривень", "гривня", "гривні", "гривень", "гривня",
+    ]  # fmt: skip
+    assert text.uk_cardinal(2, feminine=True) == "дві"
+    assert text.uk_cardinal(2) == "два"
+    assert text.uk_cardinal(1234, feminine=True) == "одна тисяча двісті тридцять чотири"
+    assert text.uk_digits("509") == "п'ять нуль дев'ять"
+
+
+def test_normalize_lowercases_drops_punctuation_and_keeps_word_apostrophes() -> None:
+    assert text.normalize("Hello, I'd  like ‘THAT’ -- OK?") == "hello i'd like that ok"
+    assert text.normalize("П’ять, ДВА!") == "п'ять два"
+    assert text.normalize("  ") == ""
+
+
+def test_every_spoken_label_is_already_normalized_and_has_no_digits() -> None:
+    rng = random.Random(7)
+    for split in ("train", "test"):
+        for lang in ("en", "uk"):
+            for _ in range(300):
+                s = text.make_sentence(rng, lang, split)
+                assert s.spoken == text.normalize(s.spoken)
+                assert not re.search(r"\d", s.spoken), s
+                assert "{" not in s.spoken
+
+
+def test_held_out_templates_and_names_never_occur_in_training() -> None:
+    for templates in (text.EN_TEMPLATES, text.UK_TEMPLATES):
+        assert not set(templates["train"]) & set(templates["test"])
+    for part in ("first", "last"):
+        assert not set(text._NAMES["train"][part]) & set(text._NAMES["test"][part])
+
+
+def test_held_out_sentences_use_only_words_that_training_sentences_contain() -> None:
+    # New sentences, known vocabulary (slot values aside): what the held-out WER measures is
+    # generalisation to new word sequences and voices, not to words never heard.
+    def words(templates: tuple[str, ...]) -> set[str]:
+        return {w for t in templates for w in re.sub(r"\{\w+\}", " ", t).split()}
+
+    for templates in (text.EN_TEMPLATES, text.UK_TEMPLATES):
+        assert words(templates["test"]) <= words(templates["train"])
+
+
+def test_word_salad_is_made_of_training_words_only_and_never_held_out_names() -> None:
+    rng = random.Random(3)
+    held_out_names = set(text._NAMES["test"]["first"]) | set(text._NAMES["test"]["last"])
+    for lang in ("en", "uk"):
+        known = set(text.training_vocabulary(lang).types)
+        for _ in range(200):
+            s = text.make_salad(rng, lang)
+            words = s.spoken.split()
+            assert 3 <= len(words) <= 10 and set(words) <= known
+            assert s.spoken == text.normalize(s.spoken) and not set(words) & held_out_names
+
+
+def test_a_salad_share_changes_training_sentences_but_not_the_held_out_set() -> None:
+    from tools.demo_model import corpus
+
+    plain = corpus.plan("train", 300, 0.15, seed=4)
+    mixed = corpus.plan("train", 300, 0.15, seed=4, salad_share=0.4)
+    salads = sum(u.template == "{salad}" for u in mixed)
+    assert 80 <= salads <= 160 and not any(u.template == "{salad}" for u in plain)
+    assert corpus.plan("test", 50, 0.15, seed=4) == corpus.plan("test", 50, 0.15, seed=4)

@@ -1,0 +1,165 @@
+"""One command that rebuilds the demo model from nothing: corpus -> vocabulary -> train -> bundle -> eval.
+
+    python -m tools.demo_model.recipe                       # everything, ~1 h on a 2-core CPU
+    python -m tools.demo_model.recipe --until data          # corpus + vocabulary + filters: the GPU carry
+    python -m tools.demo_model.recipe --from package --checkpoint DIR   # after a GPU run brought DIR back
+
+Steps (each records its time in var/demo/recipe_record.json):
+  corpus   espeak-ng sentences -> var/demo/carry/{train,dev,test}.npz + var/demo/test/ (corpus.py)
+  vocab    SentencePiece unigram (255 pieces + blank) on the training labels -> carry/tokenizer.model
+  filters  carry/melfilters.f32 (the bundle's slaney filterbank: training features == asr_core.features)
+  train    tools/demo_model/train.py --data var/demo/carry --out var/demo/train with the shipped run's
+           arguments (SHIPPED_TRAIN_ARGS: the small model, 55 min on this 2-core CPU)
+  package  checkpoint -> var/demo/hf (HF format) -> asr_core/demo_model (bundle + tokenizer + clips)
+  eval     ttg eval on the held-out set (streaming at lookahead 3 and offline) -> var/demo/eval-*.json,
+           and the same clips as SIP calls with 2 % packet loss (sip_eval.py) -> var/demo/eval-sip.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+STEPS = ("corpus", "vocab", "filters", "train", "package", "eval")
+PIECES = 255  # + blank = vocab_size 256
+# The run that produced the shipped model (2-core CPU, 55 min of wall clock; docs/demo-model.md).
+SHIPPED_TRAIN_ARGS = (
+    "--model-size", "small", "--device", "cpu", "--workers", "1", "--batch-seconds", "60",
+    "--budget-minutes", "55", "--lr", "2e-3", "--warmup", "0.01", "--ctc-only-steps", "1500",
+    "--curriculum-steps", "1500", "--lookahead-weights", "3:0.7,0:0.1,6:0.1,13:0.1",
+    "--eval-every-minutes", "8", "--dev-limit", "40", "--save-every-minutes", "4",
+)  # fmt: skip
+
+
+def run_step(name: str, args: argparse.Namespace, record: dict[str, Any]) -> None:
+    out: Path = args.out
+    carry = out / "carry"
+    t0 = time.monotonic()
+    info: dict[str, Any] = {}
+    if name == "corpus":
+        from tools.demo_model import corpus
+
+        sizes = corpus.CorpusSizes(train=args.train, dev=args.dev, test=args.test)
+        info = corpus.build(out, sizes, args.seed, args.workers)
+    elif name == "vocab":
+        from tools.demo_model import vocab
+
+        vocab.train_sentencepiece(out / "train_text.txt", carry / "tokenizer.model", PIECES)
+        info = {"pieces": PIECES, "vocab_size": PIECES + 1}
+    elif name == "filters":
+        from tools.bundle.filters import slaney_mel_filters, write_filters
+
+        write_filters(carry / "melfilters.f32", slaney_mel_filters(16000, 512, 128, 0.0, 8000.0))
+    elif name == "train":
+        cmd = [
+            sys.executable,
+            "tools/demo_model/train.py",
+            "--data",
+            str(carry),
+            "--out",
+            str(out / "train"),
+            "--seed",
+            str(args.seed),
+            *(args.train_args or SHIPPED_TRAIN_ARGS),
+        ]
+        info = {"command": " ".join(cmd)}
+        subprocess.run(cmd, check=True)
+    elif name == "package":
+        from tools.demo_model import package
+
+        checkpoint = args.checkpoint or out / "train"
+        package.main(
+            [
+                "--checkpoint",
+                str(checkpoint),
+                "--data",
+                str(carry),
+                "--hf",
+                str(out / "hf"),
+                "--bundle",
+                str(args.bundle),
+                "--clips",
+                str(out / "test"),
+            ]
+        )
+        info = {"checkpoint": str(checkpoint), "bundle": str(args.bundle)}
+    elif name == "eval":
+        for condition in ("test", "test-noisy"):
+            report = out / f"eval-{condition}.json"
+            cmd = [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "eval",
+                "--set",
+                str(out / "test"),
+                "--model",
+                str(args.bundle),
+                "--condition",
+                condition,
+                "--lookahead",
+                "3",
+                "--mode",
+                "both",
+                "--json",
+                str(report),
+            ]
+            subprocess.run(cmd, check=True)
+            result = json.loads(report.read_text())
+            info[condition] = {
+                k: result[k] for k in ("streaming", "offline", "streaming_vs_offline") if k in result
+            }
+            info[condition].get("streaming_vs_offline", {}).pop("examples", None)
+        # The same held-out clips as real SIP calls (G.711 µ-law RTP, 2 % packet loss) through ttg serve.
+        from tools.demo_model import sip_eval
+
+        sip_report = out / "eval-sip.json"
+        sip_eval.main(["--model", str(args.bundle), "--set", str(out / "test"), "--json", str(sip_report)])
+        info["sip_loss_2pct"] = json.loads(sip_report.read_text())["all"]
+    info["seconds"] = round(time.monotonic() - t0, 1)
+    record["steps"][name] = info
+    print(f"== {name}: {info['seconds']} s", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("var/demo"))
+    p.add_argument("--bundle", type=Path, default=Path("asr_core/demo_model"))
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--train", type=int, default=3200, help="training utterances")
+    p.add_argument("--dev", type=int, default=150)
+    p.add_argument("--test", type=int, default=400)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--from", dest="start", choices=STEPS, default=STEPS[0])
+    p.add_argument(
+        "--until", choices=(*STEPS, "data"), default=STEPS[-1], help="last step ('data' = filters)"
+    )
+    p.add_argument("--checkpoint", type=Path, default=None, help="trained checkpoint folder for `package`")
+    p.add_argument(
+        "--train-args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="passed on to train.py instead of the shipped run's arguments (SHIPPED_TRAIN_ARGS)",
+    )
+    args = p.parse_args(argv)
+    until = "filters" if args.until == "data" else args.until
+    steps = STEPS[STEPS.index(args.start) : STEPS.index(until) + 1]
+    record_path = args.out / "recipe_record.json"
+    record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.exists() else {}
+    record.update({"seed": args.seed, "sizes": {"train": args.train, "dev": args.dev, "test": args.test}})
+    record.setdefault("steps", {})
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in steps:
+        run_step(name, args, record)
+        record_path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
