@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-LEFT_CONTEXT = 56
 LOOKAHEADS = (3, 0, 6, 13)  # the engine's supported list; first = default
 PROMPTS = {"en-US": 0, "uk-UA": 19, "auto": 101}
 NUM_PROMPTS = 128
@@ -36,45 +35,35 @@ class DemoConfig:
     dropout: float = 0.1
     max_symbols_per_step: int = 10
 
+    def spec(self, vocab_size: int) -> Any:
+        """The bundle writer's `ModelSpec` of this size; `vocab_size` includes blank (the last id)."""
+        from tools.bundle.spec import ModelSpec
+
+        return ModelSpec(
+            name="demo",
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            intermediate_size=self.intermediate_size,
+            conv_kernel_size=self.conv_kernel_size,
+            subsampling_channels=self.subsampling_channels,
+            n_mels=self.n_mels,
+            vocab_size=vocab_size,
+            decoder_hidden=self.decoder_hidden,
+            decoder_layers=self.decoder_layers,
+            prompt_intermediate=self.prompt_intermediate,
+            num_prompts=NUM_PROMPTS,
+            max_symbols_per_step=self.max_symbols_per_step,
+        )
+
     def hf_config(self, vocab_size: int, training: bool = True) -> dict[str, Any]:
-        """kwargs of `Nemotron3_5AsrConfig`; `vocab_size` includes blank (the last id)."""
+        """kwargs of `Nemotron3_5AsrConfig`: the bundle spec's, plus dropout while training and the demo's
+        prompt slot for `auto`."""
+        cfg: dict[str, Any] = self.spec(vocab_size).hf_config()
         drop = self.dropout if training else 0.0
-        encoder = {
-            "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "intermediate_size": self.intermediate_size,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "convolution_bias": False,
-            "conv_kernel_size": self.conv_kernel_size,
-            "subsampling_factor": 8,
-            "subsampling_conv_channels": self.subsampling_channels,
-            "num_mel_bins": self.n_mels,
-            "subsampling_conv_kernel_size": 3,
-            "subsampling_conv_stride": 2,
-            "max_position_embeddings": 5000,
-            "scale_input": False,
-            "sliding_window": LEFT_CONTEXT + 1,
-            "default_num_lookahead_tokens": LOOKAHEADS[0],
-            "dropout": drop,
-            "dropout_positions": 0.0,
-            "layerdrop": 0.0,
-            "activation_dropout": drop,
-            "attention_dropout": drop,
-        }
-        return {
-            "encoder_config": encoder,
-            "vocab_size": vocab_size,
-            "blank_token_id": vocab_size - 1,
-            "pad_token_id": 0,
-            "decoder_hidden_size": self.decoder_hidden,
-            "num_decoder_layers": self.decoder_layers,
-            "max_symbols_per_step": self.max_symbols_per_step,
-            "num_prompts": NUM_PROMPTS,
-            "prompt_intermediate_size": self.prompt_intermediate,
-            "default_prompt_id": PROMPTS["auto"],
-        }
+        cfg["encoder_config"].update(dropout=drop, activation_dropout=drop, attention_dropout=drop)
+        cfg.update(pad_token_id=0, default_prompt_id=PROMPTS["auto"])
+        return cfg
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
