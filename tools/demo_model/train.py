@@ -4,8 +4,9 @@
     python3 tools/demo_model/train.py --data var/demo/carry --out /tmp/smoke --smoke      # CPU, seconds
 
 Made to run as a plain script on the lent GPU machine (torch, transformers, numpy, safetensors,
-sentencepiece; no network, no project install): it imports only `tools.demo_model` modules that need
-nothing more. Data is read from `--data` (train/dev/test .npz, tokenizer.model, melfilters.f32).
+sentencepiece; no network, no project install): besides those it imports only numpy-only modules of the
+repository (`tools.demo_model`, the gateway's G.711 tables, the bundle spec). Data is read from
+`--data` (train/dev/test .npz, tokenizer.model, melfilters.f32).
 
 Each step: a batch of clips (bucketed by length, some pairs joined into one longer utterance) goes
 through a random telephone channel and speed change in the loader workers (numpy), then on the device
