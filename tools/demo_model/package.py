@@ -5,13 +5,11 @@
 
 1. `write_hf_folder`: the checkpoint's model tensors into transformers' own format (`config.json` +
    `model.safetensors` via `save_pretrained`), i.e. exactly what an upstream HF checkpoint looks like.
-2. `write_bundle_from_hf`: that folder -> bundle with the project's bundle writer (`tools.bundle.writer`:
-   encoder.safetensors with HF names, decoder/joiner ONNX checked in onnxruntime against numpy,
-   melfilters.f32, config). Then the demo's own vocabulary replaces the generated one: tokens.txt from
-   `tokenizer.model` (blank last) and the SentencePiece model itself; the prompt table keeps the slots
-   the model was trained on (en-US 0, uk-UA 19, auto 101).
-   When `ttg export` (tools/export.py) lands, step 2 should call it instead; the tests here then keep
-   checking the same thing: the bundle decodes exactly like the HF model it came from.
+2. `write_bundle_from_hf`: that folder -> bundle through `ttg export` (tools/export.py, the path an
+   upstream checkpoint takes: encoder.safetensors with HF names, decoder/joiner ONNX checked in
+   onnxruntime against numpy, melfilters.f32, config, tokens.txt with blank last + tokenizer.model from
+   the demo's SentencePiece model); then the prompt table keeps the slots the model was trained on
+   (en-US 0, uk-UA 19, auto 101).
 3. `ship_clips` + `write_card`: a few held-out clips (`clips/` + manifest) and `demo_model.json`
    (config, corpus, training summary) beside the bundle.
 """
@@ -21,13 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from tools.demo_model import vocab
 from tools.demo_model.model import PROMPTS, DemoConfig
 
 DEMO_PROMPTS = {
@@ -61,58 +56,17 @@ def write_hf_folder(checkpoint: Path, out: Path, vocab_size: int, cfg: DemoConfi
     return out
 
 
-def demo_spec(hf_config: dict[str, Any]) -> Any:
-    """The bundle writer's ModelSpec for an HF config of our model."""
-    from tools.bundle.spec import ModelSpec
-
-    enc = hf_config["encoder_config"]
-    return ModelSpec(
-        name="demo",
-        hidden_size=enc["hidden_size"],
-        num_layers=enc["num_hidden_layers"],
-        num_heads=enc["num_attention_heads"],
-        intermediate_size=enc["intermediate_size"],
-        conv_kernel_size=enc["conv_kernel_size"],
-        subsampling_channels=enc["subsampling_conv_channels"],
-        n_mels=enc["num_mel_bins"],
-        vocab_size=hf_config["vocab_size"],
-        decoder_hidden=hf_config["decoder_hidden_size"],
-        decoder_layers=hf_config["num_decoder_layers"],
-        prompt_intermediate=hf_config["prompt_intermediate_size"],
-        num_prompts=hf_config["num_prompts"],
-        max_symbols_per_step=hf_config["max_symbols_per_step"],
-    )
-
-
 def write_bundle_from_hf(
     hf_dir: Path, tokenizer_model: Path, out: Path, dtype: str = "f16"
 ) -> dict[str, Any]:
-    from safetensors.numpy import load_file
+    """HF folder -> bundle through the project's export path (`ttg export`: encoder.safetensors, ONNX
+    graphs checked in onnxruntime, config, filters, tokens.txt + tokenizer.model from `tokenizer_model`),
+    then the demo's prompt table (the slots it was trained on) in place of the real model's."""
+    from tools.export import export
 
-    from tools.bundle.writer import BundleWeights, write_bundle
-
-    hf_config = json.loads((hf_dir / "config.json").read_text())
-    spec = demo_spec(hf_config)
-    tensors = load_file(str(hf_dir / "model.safetensors"))
-    shapes = spec.encoder_shapes()
-    missing = [k for k in [*shapes, *spec.rnnt_shapes()] if k not in tensors]
-    if missing:
-        raise ValueError(f"{hf_dir}: tensors missing from model.safetensors: {missing[:5]}")
-    for name, shape in [*shapes.items(), *spec.rnnt_shapes().items()]:
-        if tuple(tensors[name].shape) != shape:
-            raise ValueError(f"{hf_dir}: {name} has shape {tensors[name].shape}, the spec says {shape}")
-
-    def encoder() -> Iterator[tuple[str, np.ndarray]]:
-        for name in shapes:
-            yield name, np.asarray(tensors[name], np.float32)
-
-    rnnt = {k: np.asarray(tensors[k], np.float32) for k in spec.rnnt_shapes()}
-    summary = write_bundle(out, spec, BundleWeights(encoder, rnnt, {"producer": "ttg demo-model"}), dtype)
-
-    # The demo's own vocabulary and prompt table.
-    if vocab.write_tokens_txt(tokenizer_model, out / "tokens.txt") != spec.vocab_size:
-        raise ValueError(f"{tokenizer_model} does not have {spec.vocab_size - 1} pieces")
-    shutil.copyfile(tokenizer_model, out / "tokenizer.model")
+    summary = export(hf_dir, out, dtype, sentencepiece=tokenizer_model)
+    if summary["missing"]:
+        raise ValueError(f"{hf_dir}: the bundle is incomplete: {summary['missing']}")
     cfg_path = out / "nemotron_onnx_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["prompt_dictionary"] = dict(DEMO_PROMPTS)

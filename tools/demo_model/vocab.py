@@ -1,4 +1,4 @@
-"""The demo model's SentencePiece vocabulary and its tokens.txt.
+"""The demo model's SentencePiece vocabulary (its tokens.txt is written by `ttg export`, package.py).
 
 Unigram, no byte fallback, `nmt_nfkc` (like the published model's tokenizer), trained on the training
 split's labels only. Piece ids 0..N-1 come from SentencePiece (0 = `<unk>`, no BOS/EOS); the RNN-T blank
@@ -11,8 +11,6 @@ import io
 from pathlib import Path
 
 import sentencepiece as spm
-
-BLANK_PIECE = "<blank>"
 
 
 def train_sentencepiece(text_file: Path, model_path: Path, pieces: int) -> spm.SentencePieceProcessor:
@@ -38,15 +36,3 @@ def train_sentencepiece(text_file: Path, model_path: Path, pieces: int) -> spm.S
     model_path.parent.mkdir(parents=True, exist_ok=True)
     model_path.write_bytes(proto.getvalue())
     return spm.SentencePieceProcessor(model_proto=proto.getvalue())
-
-
-def pieces_of(model_path: Path) -> list[str]:
-    sp = spm.SentencePieceProcessor(model_file=str(model_path))
-    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-
-
-def write_tokens_txt(model_path: Path, out: Path) -> int:
-    """tokens.txt (`id<TAB>piece`, one per line) with blank appended; returns vocab_size incl. blank."""
-    pieces = [*pieces_of(model_path), BLANK_PIECE]
-    out.write_text("".join(f"{i}\t{p}\n" for i, p in enumerate(pieces)), encoding="utf-8")
-    return len(pieces)
