@@ -157,6 +157,60 @@ def project_env() -> dict[str, str]:
     return env
 
 
+def start_redis(workdir: Path, procs: list[Proc], deadline: Deadline) -> int:
+    """A private redis-server on a free loopback port (no persistence), up and answering; its port."""
+    import redis
+
+    port = free_port()
+    cmd = [shutil.which("redis-server") or "redis-server", "--port", str(port),
+           "--bind", "127.0.0.1", "--dir", str(workdir), "--save", "", "--appendonly", "no"]  # fmt: skip
+    server = start("redis", cmd, workdir)
+    procs.append(server)
+
+    def up() -> bool:
+        if not server.alive():
+            raise DemoError(f"redis-server exited: {server.tail(5)}")
+        with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=0.5) as r:
+            return bool(r.ping())
+        return False
+
+    deadline.wait(up, "starting redis-server")
+    return port
+
+
+def start_gateway(
+    workdir: Path,
+    procs: list[Proc],
+    deadline: Deadline,
+    *,
+    sip_port: int,
+    http_port: int,
+    redis_url: str,
+    rtp_ports: str,
+    max_calls: int,
+    model: Path | None = None,
+) -> Proc:
+    """`ttg serve` on loopback (the embedded demo model unless `model`), waited for until /readyz."""
+    cmd = [
+        sys.executable, "-m", "gateway", "serve",
+        *(["--model", str(model.resolve())] if model is not None else []),
+        "--sip-host", "127.0.0.1", "--sip-port", str(sip_port),
+        "--rtp-host", "127.0.0.1", "--rtp-ports", rtp_ports, "--max-calls", str(max_calls),
+        "--http-host", "127.0.0.1", "--http-port", str(http_port),
+        "--redis-url", redis_url, "--spool-dir", str(workdir / "spool"),
+    ]  # fmt: skip
+    gateway = start("gateway", cmd, workdir, project_env())
+    procs.append(gateway)
+
+    def ready() -> bool:
+        if not gateway.alive():
+            raise DemoError(f"ttg serve exited with {gateway.popen.returncode}:\n{gateway.tail()}")
+        return http_get(f"http://127.0.0.1:{http_port}/readyz")[0] == 200
+
+    deadline.wait(ready, "waiting for the gateway's /readyz")
+    return gateway
+
+
 # --- audio -------------------------------------------------------------------------------------------
 
 
@@ -387,47 +441,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, caller: str, deadline: Deadline, tmp: Path, procs: list[Proc]) -> int:
-    import redis
-
     env = project_env()
     # 1. Redis
-    redis_port = free_port()
+    redis_port = start_redis(tmp, procs, deadline)
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
-    redis_cmd = [shutil.which("redis-server") or "redis-server", "--port", str(redis_port),
-                 "--bind", "127.0.0.1", "--dir", str(tmp), "--save", "", "--appendonly", "no"]  # fmt: skip
-    procs.append(start("redis", redis_cmd, tmp))
-
-    def redis_up() -> bool:
-        if not procs[0].alive():
-            raise DemoError(f"redis-server exited: {procs[0].tail(5)}")
-        with contextlib.suppress(redis.RedisError), redis.Redis(port=redis_port, socket_timeout=0.5) as r:
-            return bool(r.ping())
-        return False
-
-    deadline.wait(redis_up, "starting redis-server")
     say("1/5 redis", f"redis-server (pid {procs[0].popen.pid}) answers on 127.0.0.1:{redis_port}")
 
     # 2. the gateway
     sip_port, http_port = free_sip_port(), free_port()
     rtp_min = 20000 + 2 * (os.getpid() % 4000)
-    serve_cmd = [
-        sys.executable, "-m", "gateway", "serve",
-        "--sip-host", "127.0.0.1", "--sip-port", str(sip_port),
-        "--rtp-host", "127.0.0.1", "--rtp-ports", f"{rtp_min}-{rtp_min + 99}", "--max-calls", "10",
-        "--http-host", "127.0.0.1", "--http-port", str(http_port),
-        "--redis-url", redis_url, "--spool-dir", str(tmp / "spool"),
-    ]  # fmt: skip
     say("2/5 gateway", f"starting `ttg serve` (SIP 127.0.0.1:{sip_port}, HTTP 127.0.0.1:{http_port}) ...")
     t0 = time.monotonic()
-    gateway = start("gateway", serve_cmd, tmp, env)
-    procs.append(gateway)
-
-    def ready() -> bool:
-        if not gateway.alive():
-            raise DemoError(f"ttg serve exited with {gateway.popen.returncode}:\n{gateway.tail()}")
-        return http_get(f"http://127.0.0.1:{http_port}/readyz")[0] == 200
-
-    deadline.wait(ready, "waiting for the gateway's /readyz")
+    gateway = start_gateway(
+        tmp, procs, deadline, sip_port=sip_port, http_port=http_port, redis_url=redis_url,
+        rtp_ports=f"{rtp_min}-{rtp_min + 99}", max_calls=10,
+    )  # fmt: skip
     log = gateway.log.read_text(errors="replace")
     meaningless = "MEANINGLESS" in log
     model = "the embedded demo model" if "model demo" in log else "a tiny RANDOM bundle"

@@ -43,35 +43,16 @@ def prepare_audio(test_set: Path, condition: str, folder: Path, limit: int | Non
 
 
 def run(args: argparse.Namespace, tmp: Path, procs: list[demo.Proc]) -> dict[str, Any]:
-    import redis
-
     env = demo.project_env()
     counts = prepare_audio(args.set, args.condition, tmp / "audio", args.limit)
-    redis_port = demo.free_port()
-    redis_url = f"redis://127.0.0.1:{redis_port}/0"
-    procs.append(demo.start("redis", [shutil.which("redis-server") or "redis-server", "--port",
-                 str(redis_port), "--bind", "127.0.0.1", "--dir", str(tmp), "--save", ""], tmp))  # fmt: skip
     deadline = demo.Deadline(args.timeout)
-
-    def redis_up() -> bool:
-        try:
-            with redis.Redis(port=redis_port, socket_timeout=0.5) as r:
-                return bool(r.ping())
-        except redis.RedisError:
-            return False
-
-    deadline.wait(redis_up, "starting redis-server")
-    sip_port, http_port = demo.free_sip_port(), demo.free_port()
+    redis_url = f"redis://127.0.0.1:{demo.start_redis(tmp, procs, deadline)}/0"
+    sip_port = demo.free_sip_port()
     rtp_min = 30000 + 2 * (os.getpid() % 2000)
-    gateway = demo.start("gateway", [
-        sys.executable, "-m", "gateway", "serve", "--model", str(args.model.resolve()),
-        "--sip-host", "127.0.0.1", "--sip-port", str(sip_port),
-        "--rtp-host", "127.0.0.1", "--rtp-ports", f"{rtp_min}-{rtp_min + 399}", "--max-calls", "100",
-        "--http-host", "127.0.0.1", "--http-port", str(http_port),
-        "--redis-url", redis_url, "--spool-dir", str(tmp / "spool"),
-    ], tmp, env)  # fmt: skip
-    procs.append(gateway)
-    deadline.wait(lambda: demo.http_get(f"http://127.0.0.1:{http_port}/readyz")[0] == 200, "gateway ready")
+    gateway = demo.start_gateway(
+        tmp, procs, deadline, sip_port=sip_port, http_port=demo.free_port(), redis_url=redis_url,
+        rtp_ports=f"{rtp_min}-{rtp_min + 399}", max_calls=100, model=args.model,
+    )  # fmt: skip
 
     refs: dict[str, list[str]] = {}
     hyps: dict[str, list[str]] = {}
