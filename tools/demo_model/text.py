@@ -16,6 +16,7 @@ made of sentences the model has never seen.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import unicodedata
@@ -491,17 +492,13 @@ class Vocabulary:
     tokens: tuple[str, ...]  # the words as often as the training sentences use them
 
 
-_VOCABULARIES: dict[str, Vocabulary] = {}
-
-
+@functools.cache
 def training_vocabulary(lang: Literal["en", "uk"], sentences: int = 4000) -> Vocabulary:
     """The words of `sentences` training sentences drawn with a fixed seed (train templates and names only,
     so held-out names stay unseen)."""
-    if lang not in _VOCABULARIES:
-        rng = random.Random(f"vocabulary:{lang}")
-        words = [w for _ in range(sentences) for w in make_sentence(rng, lang, "train").spoken.split()]
-        _VOCABULARIES[lang] = Vocabulary(tuple(sorted(set(words))), tuple(words))
-    return _VOCABULARIES[lang]
+    rng = random.Random(f"vocabulary:{lang}")
+    words = [w for _ in range(sentences) for w in make_sentence(rng, lang, "train").spoken.split()]
+    return Vocabulary(tuple(sorted(set(words))), tuple(words))
 
 
 def make_salad(rng: random.Random, lang: Literal["en", "uk"], n_min: int = 3, n_max: int = 10) -> Sentence:

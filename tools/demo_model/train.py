@@ -700,8 +700,8 @@ def main(argv: list[str] | None = None) -> int:
         head_state = read_ctc_head(args.resume)
         if ctc_head is not None and head_state is not None:
             ctc_head.load_state_dict(head_state)
-    stem_stats = mel_stats(train, filters)
-    if args.normalize_stem:  # after loading: the parametrization starts from the loaded conv_in
+    stem_stats = mel_stats(train, filters) if args.normalize_stem else None
+    if stem_stats is not None:  # after loading: the parametrization starts from the loaded conv_in
         normalize_stem(model, *stem_stats, reinit=args.resume is None)
     named = _named_parameters(model, ctc_head)
     decay = [p for n, p in named if p.ndim >= 2 and "embedding" not in n]
@@ -778,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
             "test_utts": len(test) if test else 0,
         },
         "resumed_from": dict(progress) if args.resume else None,
-        "stem_normalization": {"mean": stem_stats[0], "std": stem_stats[1]} if args.normalize_stem else None,
+        "stem_normalization": None if stem_stats is None else {"mean": stem_stats[0], "std": stem_stats[1]},
         "schedule_seconds": schedule_s,
         "steps": [],
         "evals": [],
