@@ -89,12 +89,28 @@ def test_packed_split_round_trips_labels_and_mu_law_audio(tmp_path: Path) -> Non
         np.testing.assert_array_equal(got, g711.round_trip(want, "ulaw"))
 
 
+def test_training_shards_are_new_draws_that_join_into_one_set(tmp_path: Path) -> None:
+    first, second = corpus.plan("train", 40, 0.15, seed=5), corpus.plan("train", 40, 0.15, seed=5, shard=1)
+    assert {u.text for u in first} != {u.text for u in second}
+    assert not {u.uid for u in first} & {u.uid for u in second}
+    clip = np.zeros(80, np.float32)
+    parts = [data.Split([clip], ["one"], ["en-US"], [u]) for u in ("a", "b")]
+    joined = data.join_splits(parts)
+    assert joined.uids == ["a", "b"] and joined.texts == ["one", "one"]
+    with pytest.raises(ValueError, match="share clip ids"):
+        data.join_splits([parts[0], parts[0]])
+
+
 def test_test_voices_are_settings_training_never_uses() -> None:
     train, test = corpus.VOICES["train"], corpus.VOICES["test"]
     for key in ("variant", "speed", "pitch"):
         assert not set(train[key]) & set(test[key]), key
+    assert not set(train["variant_extra"]) & set(test["variant"])
     rng = random.Random(0)
-    assert all(corpus.pick_voice(rng, "en", "dev").variant in train["variant"] for _ in range(50))
+    heard = {corpus.pick_voice(rng, "en", "dev").variant for _ in range(400)}
+    assert heard <= set(train["variant"]) | set(train["variant_extra"])
+    assert heard & set(train["variant"]) and heard & set(train["variant_extra"])
+    assert {corpus.pick_voice(rng, "en", "test").variant for _ in range(50)} <= set(test["variant"])
 
 
 def test_espeak_synthesis_gives_trimmed_8khz_speech_at_the_target_level() -> None:

@@ -67,8 +67,13 @@ def test_every_spoken_label_is_already_normalized_and_has_no_digits() -> None:
 def test_held_out_templates_and_names_never_occur_in_training() -> None:
     for templates in (text.EN_TEMPLATES, text.UK_TEMPLATES):
         assert not set(templates["train"]) & set(templates["test"])
-    for part in ("first", "last"):
-        assert not set(text._NAMES["train"][part]) & set(text._NAMES["test"][part])
+
+    def names(split: str) -> set[str]:
+        return set(text._NAMES[split]["first"]) | set(text._NAMES[split]["last"])
+
+    # Neither as a first nor as a last name: a held-out name is a word training never heard.
+    assert not names("train") & names("test")
+    assert not set(text._COMPANIES["train"]) & set(text._COMPANIES["test"])
 
 
 def test_held_out_sentences_use_only_words_that_training_sentences_contain() -> None:

@@ -3,6 +3,7 @@ of what it trains into a bundle that decodes exactly like the HF model it came f
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from tools.demo_model.model import (
     export_state,
     greedy_decode,
     init_from_scratch,
+    joint_lattice,
     normalize_stem,
 )
 from tools.demo_model.rnnt_loss import rnnt_loss, rnnt_loss_reference
@@ -85,6 +87,53 @@ def _first_layernorm_input_and_output(model: Any, mel: torch.Tensor) -> tuple[to
         encode(model, mel, torch.tensor([mel.shape[1]] * mel.shape[0]), torch.tensor([0] * mel.shape[0]), 3)
     handle.remove()
     return seen[0], seen[1]
+
+
+def test_history_noise_changes_what_the_prediction_network_reads_and_nothing_else() -> None:
+    """--history-noise: the lattice under noisy history differs only through the prediction network's
+    input; the start column (blank only) and noise 0 are the plain lattice, and a noisy draw never feeds
+    the blank id (which would read as a start symbol)."""
+    torch.manual_seed(2)
+    model = build_model(train.TINY_CONFIG, 12, training=False).eval()
+    enc = torch.randn(2, 7, train.TINY_CONFIG.hidden_size)
+    targets = torch.randint(0, 11, (2, 40))
+    seen: list[torch.Tensor] = []
+    hook = model.decoder.register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))
+    with torch.no_grad():
+        plain = joint_lattice(model, enc, targets, blank=11)
+        quiet = joint_lattice(model, enc, targets, 11, 0.0, torch.Generator().manual_seed(0))
+        assert torch.equal(quiet, plain)
+        noisy = joint_lattice(model, enc, targets, 11, 0.5, torch.Generator().manual_seed(0))
+    hook.remove()
+    read = seen[-1][:, 1:]
+    assert torch.equal(seen[0][:, 1:], targets) and (seen[-1][:, 0] == 11).all()
+    share = float((read != targets).float().mean())
+    assert 0.3 < share < 0.55 and not (read == 11).any()  # ~half replaced (a few by the same piece)
+    torch.testing.assert_close(noisy[:, :, 0], plain[:, :, 0])  # before any label: identical
+    assert not torch.allclose(noisy, plain)
+
+
+def test_the_recipe_chains_its_stages_each_resuming_the_last_with_more_shards(tmp_path: Path) -> None:
+    from tools.demo_model import recipe
+
+    for k in (1, 2):
+        (tmp_path / f"shard{k}").mkdir()
+        (tmp_path / f"shard{k}" / "train.npz").touch()
+    commands = recipe.train_commands(tmp_path, 7, [])
+    assert len(commands) == len(recipe.SHIPPED_STAGES) == 2
+
+    def value(cmd: list[str], flag: str) -> str | None:
+        return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+    assert value(commands[0], "--resume") is None and "--extra-train" not in commands[0]
+    for before, after in itertools.pairwise(commands):
+        assert value(after, "--resume") == value(before, "--out")
+    assert value(commands[1], "--extra-train") == str(tmp_path / "shard1" / "train.npz")
+    assert value(commands[1], "--batch-seconds") == "480" and value(commands[0], "--batch-seconds") == "60"
+    assert value(commands[-1], "--out") == str(recipe.last_stage_folder(tmp_path, []))
+    (custom,) = recipe.train_commands(tmp_path, 7, ["--max-steps", "5"])
+    assert custom[-2:] == ["--max-steps", "5"] and value(custom, "--resume") is None
+    assert custom[custom.index("--extra-train") + 2] == str(tmp_path / "shard2" / "train.npz")
 
 
 def test_a_model_initialized_for_training_hands_the_audio_to_the_conformer_above_layernorm_eps() -> None:
@@ -172,7 +221,8 @@ def carry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tools.demo_model import corpus, vocab
 
     out = tmp_path_factory.mktemp("demo")
-    corpus.build(out, corpus.CorpusSizes(train=24, dev=4, test=4, test_carried=4), seed=3, workers=1)
+    sizes = corpus.CorpusSizes(train=24, dev=4, test=4, test_carried=4, train_shards=2)
+    corpus.build(out, sizes, seed=3, workers=1)
     texts = [u.text for u in corpus.plan("train", 400, 0.15, seed=3)]
     (out / "vocab.txt").write_text("\n".join(texts) + "\n")
     vocab.train_sentencepiece(out / "vocab.txt", out / "carry" / "tokenizer.model", 95)
@@ -225,9 +275,13 @@ def test_training_script_runs_checkpoints_and_resumes(carry: Path, tmp_path: Pat
         "weight",
         "bias",
     }
-    # An exact resume with the moments; without --save-optimizer the new run hands back no adam parts.
-    run("--max-steps", "4", "--out", str(third), "--resume", str(second))
-    assert json.loads((third / "train_log.json").read_text())["progress"]["step"] == 4
+    # An exact resume with the moments, on the first set plus a second shard (the next GPU call's carry);
+    # without --save-optimizer the new run hands back no adam parts.
+    shard = carry / "shard1" / "train.npz"
+    run("--max-steps", "4", "--out", str(third), "--resume", str(second), "--extra-train", str(shard))
+    log3 = json.loads((third / "train_log.json").read_text())
+    assert log3["progress"]["step"] == 4
+    assert log3["data"]["train_utts"] == 48 and log3["data"]["train_sets"][1] == str(shard)
     assert not list(third.glob("adam.*"))
 
 
@@ -284,3 +338,26 @@ def test_exported_bundle_decodes_exactly_like_the_hf_model_it_came_from(carry: P
     assert [normalize(h) for h in offline] == want
     streaming = run_streaming(AsrModel.load(tmp_path / "bundle", "f32"), entries, audios, None, 3)
     assert [normalize(h) for h in streaming] == want
+
+
+def test_listen_reports_how_much_of_the_audio_survives_each_module() -> None:
+    """tools.demo_model.listen: a fresh model (He init, normalized stem) carries the audio to its output;
+    the same model with its subsampling output zeroed carries none of it past the subsampling."""
+    from tools.demo_model.listen import audio_dependence
+
+    torch.manual_seed(3)
+    model = init_from_scratch(build_model(train.TINY_CONFIG, 12, training=False))
+    normalize_stem(model, -10.8, 4.7, reinit=True)
+    model.eval()
+    mel = -10.8 + 4.7 * torch.randn(4, 120, 128)
+    silent = torch.full_like(mel, -16.6)
+    frames, prompts = torch.tensor([120] * 4), torch.tensor([0, 19, 0, 101])
+    rows = {r.module: r for r in audio_dependence(model, mel, silent, frames, prompts)}
+    order = list(rows)
+    assert order[0] == "subsampling" and order[-1] == "encoder output"
+    assert "block0.self_attn" in rows and rows["encoder output"].difference > 0.05
+    with torch.no_grad():
+        model.encoder.subsampling.linear.weight.zero_()
+        model.encoder.subsampling.linear.bias.fill_(0.3)
+    deaf = {r.module: r for r in audio_dependence(model, mel, silent, frames, prompts)}
+    assert deaf["subsampling"].difference == 0.0 and deaf["encoder output"].difference < 1e-6

@@ -4,6 +4,7 @@ Output (under `--out`, e.g. var/demo/):
 
     carry/{train,dev,test}.npz       packed 8 kHz µ-law audio + labels (`data.py`), for training
     carry/corpus.json                voices, sizes, seed (tokenizer.model, melfilters.f32: recipe.py)
+    shard<k>/train.npz               further training sets (--train-shards), one per extra GPU carry
     test/<lang>/<id>.wav             held-out telephone clips: 8 kHz G.711 round trip (+ noise in test-noisy)
     test/manifest.jsonl              {"audio": path, "text": spoken form, "lang": "en-US" | "uk-UA", ...}
 
@@ -49,9 +50,21 @@ EN_BASES = (
     "en-029",
     "en-us-nyc",
 )
+# Half the training clips take one of espeak-ng's other variants instead: more timbres to generalize from
+# (the held-out variants below stay unheard; the robot, whisper and croak ones are left out).
+EXTRA_VARIANTS = (
+    "Alex", "Alicia", "Andrea", "Andy", "Annie", "AnxiousAndy", "Denis", "Diogo", "Gene", "Gene2",
+    "Henrique", "Hugo", "Jacky", "Lee", "Marco", "Mario", "Michael", "Mike", "Nguyen",
+    "RicishayMax", "Storm", "Tweaky", "adam", "anika", "announcer", "antonio", "aunty", "belinda",
+    "benjamin", "boris", "caleb", "david", "ed", "edward", "edward2", "fast", "grandma", "grandpa",
+    "gustave", "iven", "iven2", "iven3", "iven4", "john", "kaukovalta", "klatt5", "klatt6", "linda",
+    "marcelo", "max", "michel", "miguel", "norbert", "pablo", "paul", "pedro", "quincy", "rob",
+    "robert", "sandro", "shelby", "steph", "steph2", "steph3", "travis", "victor", "zac",
+)  # fmt: skip
 VOICES: dict[str, dict[str, tuple[int | str, ...]]] = {
     "train": {
         "variant": ("m1", "m2", "m3", "m5", "m6", "m8", "f1", "f2", "f5", "klatt", "klatt2", "klatt3"),
+        "variant_extra": EXTRA_VARIANTS,
         "speed": (120, 130, 140, 150, 160, 170, 180, 190, 200, 210),
         "pitch": (20, 30, 40, 50, 60, 70, 80),
         "gap": (0, 0, 0, 1, 2, 3),
@@ -95,19 +108,25 @@ class Utterance:
 def pick_voice(rng: random.Random, lang: str, split: str) -> Voice:
     grid = VOICES["test" if split == "test" else "train"]
     base = rng.choice(EN_BASES) if lang == "en" else "uk"
+    # (The test grid has no extras, so the held-out plan draws exactly what it always drew.)
+    extra = "variant_extra" in grid and rng.random() < 0.5
     return Voice(
         base=base,
-        variant=str(rng.choice(grid["variant"])),
+        variant=str(rng.choice(grid["variant_extra" if extra else "variant"])),
         speed=int(rng.choice(grid["speed"])),
         pitch=int(rng.choice(grid["pitch"])),
         gap=int(rng.choice(grid["gap"])),
     )
 
 
-def plan(split: str, count: int, uk_share: float, seed: int, salad_share: float = 0.0) -> list[Utterance]:
+def plan(
+    split: str, count: int, uk_share: float, seed: int, salad_share: float = 0.0, shard: int = 0
+) -> list[Utterance]:
     """The utterances of one split: text from the split's templates (or, for a `salad_share` of them, a
-    random sequence of training words: `text.make_salad`), voice from the split's grid."""
-    rng = random.Random(f"{seed}:{split}")
+    random sequence of training words: `text.make_salad`), voice from the split's grid. `shard` > 0 draws
+    another, independent set of the same split (more training data than one carry holds)."""
+    rng = random.Random(f"{seed}:{split}" if shard == 0 else f"{seed}:{split}:{shard}")
+    prefix = split if shard == 0 else f"{split}-s{shard}"
     text_split: text.Split = "test" if split == "test" else "train"
     out = []
     for i in range(count):
@@ -117,7 +136,7 @@ def plan(split: str, count: int, uk_share: float, seed: int, salad_share: float 
         voice = pick_voice(rng, lang, split)
         out.append(
             Utterance(
-                f"{split}-{i:06d}", lang, split, sentence.template, sentence.written, sentence.spoken, voice
+                f"{prefix}-{i:06d}", lang, split, sentence.template, sentence.written, sentence.spoken, voice
             )
         )
     return out
@@ -209,8 +228,11 @@ class CorpusSizes:
     dev: int = 150
     test: int = 400
     uk_share: float = 0.15
-    salad_share: float = 0.4  # training sentences that are shuffled training words (text.make_salad)
+    salad_share: float = 0.5  # training sentences that are shuffled training words (text.make_salad)
     test_carried: int = 150  # the first N test clips also travel to the GPU machine (on-device WER)
+    # Further training sets of `train` utterances each (shard<k>/train.npz): one carry to the GPU machine
+    # holds one set, so each call of a multi-call run brings another (train.py --extra-train).
+    train_shards: int = 1
 
 
 def build(out: Path, sizes: CorpusSizes, seed: int, workers: int) -> dict[str, object]:
@@ -229,6 +251,12 @@ def build(out: Path, sizes: CorpusSizes, seed: int, workers: int) -> dict[str, o
         "dev": plan("dev", sizes.dev, sizes.uk_share, seed),
         "test": plan("test", sizes.test, sizes.uk_share, seed),
     }
+    plans.update(
+        {
+            f"shard{k}": plan("train", sizes.train, sizes.uk_share, seed, sizes.salad_share, shard=k)
+            for k in range(1, sizes.train_shards)
+        }
+    )
     for split, utts in plans.items():
         audio = synthesize_all(utts, workers)
         seconds = sum(len(a) for a in audio) / SAMPLE_RATE
@@ -248,8 +276,12 @@ def build(out: Path, sizes: CorpusSizes, seed: int, workers: int) -> dict[str, o
                 [u.uid for u in utts[:n]],
             )
         else:
+            target = carry / f"{split}.npz"
+            if split.startswith("shard"):
+                (out / split).mkdir(exist_ok=True)
+                target = out / split / "train.npz"
             info["bytes"] = data.pack_split(
-                carry / f"{split}.npz",
+                target,
                 audio,
                 [u.text for u in utts],
                 [LOCALES[u.lang] for u in utts],
@@ -258,7 +290,8 @@ def build(out: Path, sizes: CorpusSizes, seed: int, workers: int) -> dict[str, o
         info["langs"] = {lang: sum(u.lang == lang for u in utts) for lang in LOCALES}
         summary["splits"][split] = info  # type: ignore[index]
         print(f"{split}: {info}", flush=True)
-    (out / "train_text.txt").write_text("\n".join(iter_texts(plans["train"])) + "\n")
+    training = [u for split, utts in plans.items() if split not in ("dev", "test") for u in utts]
+    (out / "train_text.txt").write_text("\n".join(iter_texts(training)) + "\n")
     summary["voices"] = {k: {kk: list(vv) for kk, vv in v.items()} for k, v in VOICES.items()}
     summary["en_bases"] = list(EN_BASES)
     summary["seconds_to_build"] = round(time.monotonic() - started, 1)
@@ -275,6 +308,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--test-carried", type=int, default=default.test_carried)
     parser.add_argument("--uk-share", type=float, default=default.uk_share)
     parser.add_argument("--salad-share", type=float, default=default.salad_share)
+    parser.add_argument("--train-shards", type=int, default=default.train_shards)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--workers", type=int, default=2)
 
@@ -285,7 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_arguments(parser)
     args = parser.parse_args(argv)
-    sizes = CorpusSizes(args.train, args.dev, args.test, args.uk_share, args.salad_share, args.test_carried)
+    sizes = CorpusSizes(
+        args.train, args.dev, args.test, args.uk_share, args.salad_share, args.test_carried, args.train_shards
+    )
     build(args.out, sizes, args.seed, args.workers)
     return 0
 

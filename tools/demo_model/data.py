@@ -52,6 +52,19 @@ def pack_split(
     return path.stat().st_size
 
 
+def join_splits(splits: Sequence[Split]) -> Split:
+    """Several sets as one (the training shards of a multi-call GPU run); uids must stay unique."""
+    joined = Split(
+        [c for s in splits for c in s.clips],
+        [t for s in splits for t in s.texts],
+        [x for s in splits for x in s.langs],
+        [u for s in splits for u in s.uids],
+    )
+    if len(set(joined.uids)) != len(joined.uids):
+        raise ValueError("the joined sets share clip ids: the same shard given twice?")
+    return joined
+
+
 def load_split(path: Path) -> Split:
     with np.load(path) as z:
         codes = np.frombuffer(lzma.decompress(z["ulaw_lzma"].tobytes()), dtype=np.uint8)

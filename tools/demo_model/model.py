@@ -124,11 +124,30 @@ def encode_with_hidden(
     return out.pooler_output, out.last_hidden_state
 
 
-def joint_lattice(model: Any, enc: torch.Tensor, targets: torch.Tensor, blank: int) -> torch.Tensor:
+def joint_lattice(
+    model: Any,
+    enc: torch.Tensor,
+    targets: torch.Tensor,
+    blank: int,
+    history_noise: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Raw joint logits over the whole (T', U+1) lattice: (B, T', U+1, V). The prediction network reads
-    blank first (the start symbol, as at inference) and then the labels."""
+    blank first (the start symbol, as at inference) and then the labels.
+
+    `history_noise` (training only) replaces that share of the labels the prediction network *reads* by
+    random pieces; the labels the loss scores stay right. With a few hundred sentence templates the
+    prediction network otherwise becomes a template language model strong enough to outvote the audio:
+    a held-out sentence that leaves the templates ("i need to | check the balance of my account") gets its
+    tail deleted. Noisy history makes the joint lean on the encoder."""
+    history = targets
+    if history_noise > 0:
+        # Drawn on the CPU (the generator is the CPU one SpecAugment uses), then moved.
+        replace = torch.rand(targets.shape, generator=generator) < history_noise
+        random_pieces = torch.randint(0, blank, targets.shape, generator=generator)  # never blank
+        history = torch.where(replace.to(targets.device), random_pieces.to(targets.device), targets)
     start = torch.full((targets.shape[0], 1), blank, dtype=torch.long, device=targets.device)
-    dec = model.decoder(torch.cat([start, targets], dim=1))  # (B, U+1, J)
+    dec = model.decoder(torch.cat([start, history], dim=1))  # (B, U+1, J)
     return model.joint(decoder_hidden_states=dec[:, None, :, :], encoder_hidden_states=enc[:, :, None, :])
 
 

@@ -178,6 +178,20 @@ _TRAIN_FIRST = (
     "emily", "andrew", "donna", "kevin", "michelle", "brian", "carol", "george", "amanda", "edward",
     "melissa", "ronald", "deborah", "timothy", "stephanie", "jason", "rebecca", "jeffrey", "laura", "ryan",
     "helen",
+    # More names than templates need: held-out names are unseen words, so the model has to learn how
+    # espeak-ng's letter-to-sound rules map onto the pieces, not memorize a short list.
+    "aaron", "adam", "adrian", "alan", "albert", "alex", "amy", "andrea", "angela", "arthur",
+    "austin", "benjamin", "beverly", "billy", "bobby", "brandon", "bruce", "bryan", "carl", "carolyn",
+    "catherine", "cheryl", "christina", "christopher", "cynthia", "dale", "debra", "denise", "dennis",
+    "diana", "diane", "dorothy", "douglas", "dylan", "eric", "ethan", "eugene", "evelyn", "gabriel",
+    "gary", "gerald", "gloria", "gregory", "hannah", "harold", "heather", "isabella", "jack", "jacob",
+    "janet", "janice", "jean", "jeremy", "jerry", "jesse", "joan", "joe", "jordan", "joshua", "joyce",
+    "judith", "judy", "justin", "katherine", "kathleen", "keith", "kenneth", "kimberly", "kyle",
+    "larry", "lauren", "lawrence", "logan", "louis", "madison", "margaret", "maria", "marie", "martha",
+    "megan", "nathan", "nicholas", "nicole", "noah", "olivia", "pamela", "philip", "rachel", "ralph",
+    "randy", "raymond", "roger", "roy", "russell", "ruth", "scott", "sean", "sharon", "shirley",
+    "sophia", "stephen", "teresa", "terry", "theresa", "tyler", "vincent", "virginia", "walter",
+    "wayne", "zachary",
 )  # fmt: skip
 _TRAIN_LAST = (
     "smith", "johnson", "williams", "brown", "jones", "miller", "davis", "wilson", "anderson", "taylor",
@@ -185,6 +199,16 @@ _TRAIN_LAST = (
     "walker", "young", "allen", "king", "wright", "scott", "green", "baker", "adams", "nelson", "hill",
     "campbell", "mitchell", "roberts", "carter", "phillips", "evans", "turner", "parker", "collins",
     "edwards", "stewart", "morris", "murphy", "cook", "rogers", "morgan", "cooper", "peterson",
+    "alexander", "bailey", "barnes", "bell", "brian", "bryant", "butler", "castillo", "chavez", "cole",
+    "coleman", "cox", "crawford", "cruz", "diaz", "dixon", "ellis", "ferguson", "flores", "ford",
+    "gardner", "garcia", "gibson", "gomez", "gonzalez", "gordon", "graham", "griffin", "hamilton",
+    "hayes", "henderson", "hernandez", "holmes", "howard", "hunt", "james", "jenkins", "jordan",
+    "kennedy", "kim", "lee", "long", "lopez", "marshall", "martinez", "mason", "mcdonald", "medina",
+    "mendoza", "meyer", "myers", "nguyen", "olson", "ortiz", "owens", "palmer", "patel", "patterson",
+    "perez", "perry", "powell", "ramirez", "ramos", "reed", "reyes", "reynolds", "richardson",
+    "rivera", "rodriguez", "ross", "russell", "sanchez", "shaw", "simmons", "stevens",
+    "sullivan", "torres", "tucker", "wagner", "wallace", "warren", "washington", "webb", "wells",
+    "west", "york",
 )  # fmt: skip
 _TEST_FIRST = (
     "peter", "anna", "frank", "julia", "henry", "grace", "oliver", "lucy", "samuel", "alice", "victor",
@@ -200,9 +224,12 @@ _NAMES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 _COMPANIES = {
-    "train": ["acme", "northwind", "globex", "initech", "contoso", "fabrikam"],
+    "train": [
+        "acme", "northwind", "globex", "initech", "contoso", "fabrikam", "wayne", "tyrell", "cyberdyne",
+        "hooli", "vandelay", "soylent", "oceanic", "gringotts", "monarch", "dunder", "massive", "aperture",
+    ],
     "test": ["umbrella", "stark"],
-}
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -287,9 +287,11 @@ def batch_nll(
     spec_gen: torch.Generator | None = None,
     amp: Any = None,
     ctc_head: torch.nn.Module | None = None,
+    history_noise: float = 0.0,
 ) -> BatchLoss:
     """8 kHz batch -> per-utterance losses: the training step's forward (SpecAugment when `spec_gen` is
-    given, the auxiliary CTC loss when `ctc_head` is), also used for the dev loss."""
+    given, the auxiliary CTC loss when `ctc_head` is, noisy prediction-network history when
+    `history_noise` > 0: `model.joint_lattice`), also used for the dev loss."""
     mel, frames = fe(batch["audio"].to(device, non_blocking=True), batch["audio_len"].to(device))
     if spec_gen is not None:
         mel = frontend.spec_augment(mel, frames, spec_gen)
@@ -298,7 +300,7 @@ def batch_nll(
     enc_len = frontend.encoder_frames(frames)
     with amp if amp is not None else torch.autocast(device.type, enabled=False):
         enc, hidden = encode_with_hidden(model, mel, frames, batch["prompts"].to(device), lookahead)
-        logits = joint_lattice(model, enc, targets, blank)
+        logits = joint_lattice(model, enc, targets, blank, history_noise, spec_gen)
         ctc_logits = ctc_head(hidden) if ctc_head is not None else None
     ctc = None
     if ctc_logits is not None:
@@ -552,6 +554,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         required=True,
         help="folder with train/dev/test.npz, tokenizer.model, melfilters.f32",
     )
+    p.add_argument(
+        "--extra-train",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="further training sets (corpus shards: shard<k>/train.npz), joined to --data's train.npz",
+    )
     p.add_argument("--out", type=Path, required=True)
     p.add_argument(
         "--resume", type=Path, default=None, help="folder with a previous run's model (and adam) parts"
@@ -607,6 +616,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--bf16", action="store_true", help="bf16 autocast on CUDA (default: f32)")
     p.add_argument("--augment", type=float, default=1.0, help="telephone-channel strength 0..1")
+    p.add_argument(
+        "--history-noise",
+        type=float,
+        default=0.0,
+        help="share of the labels the prediction network reads, replaced by random pieces (joint_lattice)",
+    )
     p.add_argument("--lookahead-weights", default="3:0.5,0:0.15,6:0.2,13:0.15")
     p.add_argument("--workers", type=int, default=min(12, max((os.cpu_count() or 2) - 2, 0)))
     p.add_argument(
@@ -665,7 +680,8 @@ def main(argv: list[str] | None = None) -> int:
     blank = vocab - 1
     filters = np.fromfile(args.data / "melfilters.f32", dtype="<f4").reshape(128, 257)
 
-    train, dev = data.load_split(args.data / "train.npz"), data.load_split(args.data / "dev.npz")
+    train = data.join_splits([data.load_split(p) for p in [args.data / "train.npz", *args.extra_train]])
+    dev = data.load_split(args.data / "dev.npz")
     test = data.load_split(args.data / "test.npz") if (args.data / "test.npz").exists() else None
     if args.smoke:
         train = data.Split(train.clips[:48], train.texts[:48], train.langs[:48], train.uids[:48])
@@ -773,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
         "loss": "torchaudio" if use_ta else "ours",
         "data": {
             "train_utts": len(train),
+            "train_sets": [str(p) for p in [args.data / "train.npz", *args.extra_train]],
             "train_hours": round(train.seconds() / 3600, 3),
             "dev_utts": len(dev),
             "test_utts": len(test) if test else 0,
@@ -866,7 +883,9 @@ def main(argv: list[str] | None = None) -> int:
                 group["lr"] = lr
             r = la_rng.choices(la_values, la_probs)[0]
             spec = None if easy else spec_gen
-            losses = batch_nll(model, fe, batch, r, blank, device, loss_fn, spec, amp, ctc_head)
+            losses = batch_nll(
+                model, fe, batch, r, blank, device, loss_fn, spec, amp, ctc_head, args.history_noise
+            )
             tokens_in_batch = losses.target_len.sum().clamp(min=1)
             loss = losses.rnnt.sum() / tokens_in_batch  # what is logged: RNN-T NLL per label token
             total = loss
