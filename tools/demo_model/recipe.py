@@ -1,6 +1,6 @@
 """One command that rebuilds the demo model from nothing: corpus -> vocabulary -> train -> bundle -> eval.
 
-    python -m tools.demo_model.recipe                       # everything, ~1 h on a 2-core CPU
+    python -m tools.demo_model.recipe                       # everything (~30 min with an H200)
     python -m tools.demo_model.recipe --until data          # corpus + vocabulary + filters: the GPU carry
     python -m tools.demo_model.recipe --from package --checkpoint DIR   # after a GPU run brought DIR back
 
@@ -8,8 +8,8 @@ Steps (each records its time in var/demo/recipe_record.json):
   corpus   espeak-ng sentences -> var/demo/carry/{train,dev,test}.npz + var/demo/test/ (corpus.py)
   vocab    SentencePiece unigram (255 pieces + blank) on the training labels -> carry/tokenizer.model
   filters  carry/melfilters.f32 (the bundle's slaney filterbank: training features == asr_core.features)
-  train    tools/demo_model/train.py --data var/demo/carry --out var/demo/train with the shipped run's
-           arguments (SHIPPED_TRAIN_ARGS: the small model, 55 min on this 2-core CPU)
+  train    tools/demo_model/train.py in the shipped model's stages (SHIPPED_STAGES: two calls on the H200,
+           18 min), var/demo/train/<stage>/, each resuming the one before
   package  checkpoint -> var/demo/hf (HF format) -> asr_core/demo_model (bundle + tokenizer + clips)
   eval     ttg eval on the held-out set (streaming at lookahead 3 and offline) -> var/demo/eval-*.json,
            and the same clips as SIP calls with 2 % packet loss (sip_eval.py) -> var/demo/eval-sip.json
@@ -23,18 +23,58 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 STEPS = ("corpus", "vocab", "filters", "train", "package", "eval")
 PIECES = 255  # + blank = vocab_size 256
-# The run that produced the shipped model (2-core CPU, 55 min of wall clock; docs/demo-model.md).
-SHIPPED_TRAIN_ARGS = (
-    "--model-size", "small", "--device", "cpu", "--workers", "1", "--batch-seconds", "60",
-    "--budget-minutes", "55", "--lr", "2e-3", "--warmup", "0.01", "--ctc-only-steps", "1500",
-    "--curriculum-steps", "1500", "--lookahead-weights", "3:0.7,0:0.1,6:0.1,13:0.1",
-    "--eval-every-minutes", "8", "--dev-limit", "40", "--save-every-minutes", "4",
+_COMMON = ("--model-size", "small", "--lookahead-weights", "3:0.7,0:0.1,6:0.1,13:0.1")
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    name: str
+    shards: int  # how many extra training shards (shard1.., --extra-train) this stage reads
+    args: tuple[str, ...]
+
+
+# The runs that produced the shipped model (docs/demo-model.md, "Results"): two calls on the lent H200,
+# the second resuming the first. Budgets and the LR schedule are wall-clock time, so the same stages on
+# other hardware (a CPU: `--device` falls back to it) train a different number of steps.
+SHIPPED_STAGES = (
+    # From scratch: CTC alone on single clean clips, then RNN-T ramped in; small batches (on the full
+    # model, 480 s batches from the start never left the blank plateau: run 6).
+    Stage("gpu1", 0, (*_COMMON, "--batch-seconds", "60", "--budget-minutes", "8.6", "--schedule-minutes",
+                      "15.5", "--lr", "2e-3", "--warmup", "0.01", "--ctc-only-steps", "1500",
+                      "--curriculum-steps", "1500", "--save-optimizer", "--eval-every-minutes", "3",
+                      "--save-every-minutes", "3")),
+    # The same schedule continued with 8x larger batches and a second training shard.
+    Stage("gpu2", 1, (*_COMMON, "--batch-seconds", "480", "--budget-minutes", "9.2", "--schedule-minutes",
+                      "15.5", "--lr", "2e-3", "--warmup", "0.01", "--ctc-only-steps", "1500",
+                      "--curriculum-steps", "1500", "--eval-every-minutes", "3",
+                      "--save-every-minutes", "2")),
 )  # fmt: skip
+
+
+def train_commands(out: Path, seed: int, train_args: Sequence[str]) -> list[list[str]]:
+    """train.py invocations, in order; each stage resumes from the previous one's folder."""
+    stages = [Stage("custom", 99, tuple(train_args))] if train_args else list(SHIPPED_STAGES)
+    shards = sorted(out.glob("shard*/train.npz"))
+    commands, previous = [], None
+    for stage in stages:
+        cmd = [sys.executable, "tools/demo_model/train.py", "--data", str(out / "carry"), "--seed", str(seed)]
+        if stage.shards and shards:
+            cmd += ["--extra-train", *(str(p) for p in shards[: stage.shards])]
+        if previous is not None:
+            cmd += ["--resume", str(previous)]
+        previous = out / "train" / stage.name
+        commands.append([*cmd, "--out", str(previous), *stage.args])
+    return commands
+
+
+def last_stage_folder(out: Path, train_args: Sequence[str]) -> Path:
+    return out / "train" / ("custom" if train_args else SHIPPED_STAGES[-1].name)
 
 
 def run_step(name: str, args: argparse.Namespace, record: dict[str, Any]) -> None:
@@ -45,7 +85,9 @@ def run_step(name: str, args: argparse.Namespace, record: dict[str, Any]) -> Non
     if name == "corpus":
         from tools.demo_model import corpus
 
-        sizes = corpus.CorpusSizes(train=args.train, dev=args.dev, test=args.test)
+        sizes = corpus.CorpusSizes(
+            train=args.train, dev=args.dev, test=args.test, train_shards=args.train_shards
+        )
         info = corpus.build(out, sizes, args.seed, args.workers)
     elif name == "vocab":
         from tools.demo_model import vocab
@@ -57,23 +99,14 @@ def run_step(name: str, args: argparse.Namespace, record: dict[str, Any]) -> Non
 
         write_filters(carry / "melfilters.f32", slaney_mel_filters(16000, 512, 128, 0.0, 8000.0))
     elif name == "train":
-        cmd = [
-            sys.executable,
-            "tools/demo_model/train.py",
-            "--data",
-            str(carry),
-            "--out",
-            str(out / "train"),
-            "--seed",
-            str(args.seed),
-            *(args.train_args or SHIPPED_TRAIN_ARGS),
-        ]
-        info = {"command": " ".join(cmd)}
-        subprocess.run(cmd, check=True)
+        commands = train_commands(out, args.seed, args.train_args)
+        info = {"commands": [" ".join(c) for c in commands]}
+        for cmd in commands:
+            subprocess.run(cmd, check=True)
     elif name == "package":
         from tools.demo_model import package
 
-        checkpoint = args.checkpoint or out / "train"
+        checkpoint = args.checkpoint or last_stage_folder(out, args.train_args)
         package.main(
             [
                 "--checkpoint",
@@ -132,7 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("var/demo"))
     p.add_argument("--bundle", type=Path, default=Path("asr_core/demo_model"))
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--train", type=int, default=3200, help="training utterances")
+    p.add_argument("--train", type=int, default=3200, help="training utterances (per shard)")
+    p.add_argument(
+        "--train-shards", type=int, default=2, help="training sets of --train utterances (one per GPU carry)"
+    )
     p.add_argument("--dev", type=int, default=150)
     p.add_argument("--test", type=int, default=400)
     p.add_argument("--workers", type=int, default=2)
@@ -145,14 +181,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--train-args",
         nargs=argparse.REMAINDER,
         default=[],
-        help="passed on to train.py instead of the shipped run's arguments (SHIPPED_TRAIN_ARGS)",
+        help="one train.py run with these arguments instead of the shipped stages (SHIPPED_STAGES)",
     )
     args = p.parse_args(argv)
     until = "filters" if args.until == "data" else args.until
     steps = STEPS[STEPS.index(args.start) : STEPS.index(until) + 1]
     record_path = args.out / "recipe_record.json"
     record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.exists() else {}
-    record.update({"seed": args.seed, "sizes": {"train": args.train, "dev": args.dev, "test": args.test}})
+    sizes = {"train": args.train, "train_shards": args.train_shards, "dev": args.dev, "test": args.test}
+    record.update({"seed": args.seed, "sizes": sizes})
     record.setdefault("steps", {})
     args.out.mkdir(parents=True, exist_ok=True)
     for name in steps:
