@@ -44,7 +44,7 @@ class Stage:
 # other hardware (a CPU: `--device` falls back to it) train a different number of steps.
 SHIPPED_STAGES = (
     # From scratch: CTC alone on single clean clips, then RNN-T ramped in; 60 s batches. (The full-size
-    # model at this LR collapses to a constant encoder, run 6 and the CPU probes; it needs ~5e-4.)
+    # model at this LR collapses to a constant encoder, run 6 and the CPU probes; see docs for 5e-4.)
     Stage("gpu1", 0, (*_COMMON, "--batch-seconds", "60", "--budget-minutes", "8.6", "--schedule-minutes",
                       "15.5", "--lr", "2e-3", "--warmup", "0.01", "--ctc-only-steps", "1500",
                       "--curriculum-steps", "1500", "--save-optimizer", "--eval-every-minutes", "3",
