@@ -35,7 +35,7 @@ _COMMON = ("--model-size", "small", "--lookahead-weights", "3:0.7,0:0.1,6:0.1,13
 @dataclass(frozen=True, slots=True)
 class Stage:
     name: str
-    shards: int  # how many extra training shards (shard1.., --extra-train) this stage reads
+    shards: int | None  # how many extra training shards (shard1.., --extra-train) it reads; None: all
     args: tuple[str, ...]
 
 
@@ -59,13 +59,14 @@ SHIPPED_STAGES = (
 
 def train_commands(out: Path, seed: int, train_args: Sequence[str]) -> list[list[str]]:
     """train.py invocations, in order; each stage resumes from the previous one's folder."""
-    stages = [Stage("custom", 99, tuple(train_args))] if train_args else list(SHIPPED_STAGES)
+    stages = [Stage("custom", None, tuple(train_args))] if train_args else list(SHIPPED_STAGES)
     shards = sorted(out.glob("shard*/train.npz"))
     commands, previous = [], None
     for stage in stages:
         cmd = [sys.executable, "tools/demo_model/train.py", "--data", str(out / "carry"), "--seed", str(seed)]
-        if stage.shards and shards:
-            cmd += ["--extra-train", *(str(p) for p in shards[: stage.shards])]
+        reads = shards[: stage.shards]  # [:None] = every shard
+        if reads:
+            cmd += ["--extra-train", *(str(p) for p in reads)]
         if previous is not None:
             cmd += ["--resume", str(previous)]
         previous = out / "train" / stage.name

@@ -680,17 +680,13 @@ def main(argv: list[str] | None = None) -> int:
     blank = vocab - 1
     filters = np.fromfile(args.data / "melfilters.f32", dtype="<f4").reshape(128, 257)
 
-    train = data.join_splits([data.load_split(p) for p in [args.data / "train.npz", *args.extra_train]])
+    train_sets = [args.data / "train.npz", *args.extra_train]
+    train = data.join_splits([data.load_split(p) for p in train_sets])
     dev = data.load_split(args.data / "dev.npz")
     test = data.load_split(args.data / "test.npz") if (args.data / "test.npz").exists() else None
     if args.smoke:
-        train = data.Split(train.clips[:48], train.texts[:48], train.langs[:48], train.uids[:48])
-        dev = data.Split(dev.clips[:8], dev.texts[:8], dev.langs[:8], dev.uids[:8])
-        test = (
-            None
-            if test is None
-            else data.Split(test.clips[:8], test.texts[:8], test.langs[:8], test.uids[:8])
-        )
+        train, dev = _first(train, 48), _first(dev, 8)
+        test = None if test is None else _first(test, 8)
     if args.train_limit is not None:
         train = _first(train, args.train_limit)
     if args.dev_limit is not None:
@@ -789,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
         "loss": "torchaudio" if use_ta else "ours",
         "data": {
             "train_utts": len(train),
-            "train_sets": [str(p) for p in [args.data / "train.npz", *args.extra_train]],
+            "train_sets": [str(p) for p in train_sets],
             "train_hours": round(train.seconds() / 3600, 3),
             "dev_utts": len(dev),
             "test_utts": len(test) if test else 0,
