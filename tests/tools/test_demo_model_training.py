@@ -120,7 +120,7 @@ def test_the_recipe_chains_its_stages_each_resuming_the_last_with_more_shards(tm
         (tmp_path / f"shard{k}").mkdir()
         (tmp_path / f"shard{k}" / "train.npz").touch()
     commands = recipe.train_commands(tmp_path, 7, [])
-    assert len(commands) == len(recipe.SHIPPED_STAGES) == 2
+    assert len(commands) == len(recipe.SHIPPED_STAGES) == 3
 
     def value(cmd: list[str], flag: str) -> str | None:
         return cmd[cmd.index(flag) + 1] if flag in cmd else None
@@ -129,7 +129,10 @@ def test_the_recipe_chains_its_stages_each_resuming_the_last_with_more_shards(tm
     for before, after in itertools.pairwise(commands):
         assert value(after, "--resume") == value(before, "--out")
     assert value(commands[1], "--extra-train") == str(tmp_path / "shard1" / "train.npz")
-    assert value(commands[1], "--batch-seconds") == "480" and value(commands[0], "--batch-seconds") == "60"
+    shards2 = commands[2][commands[2].index("--extra-train") + 1 :][:2]
+    assert shards2 == [str(tmp_path / f"shard{k}" / "train.npz") for k in (1, 2)]
+    assert {value(c, "--model-size") for c in commands} == {"full"}
+    assert {value(c, "--lr") for c in commands} == {"1e-3"}  # one schedule across the stages
     assert value(commands[-1], "--out") == str(recipe.last_stage_folder(tmp_path, []))
     (custom,) = recipe.train_commands(tmp_path, 7, ["--max-steps", "5"])
     assert custom[-2:] == ["--max-steps", "5"] and value(custom, "--resume") is None
@@ -188,6 +191,20 @@ def test_the_normalized_stem_trains_other_parameters_but_computes_the_bundles_co
 def test_rnnt_loss_waits_for_the_ctc_head_start_then_ramps_in() -> None:
     assert [train.rnnt_weight(s, 4) for s in (0, 3, 4, 5, 7, 8, 100)] == [0, 0, 0.25, 0.5, 1, 1, 1]
     assert train.rnnt_weight(0, 0) == 1.0
+
+
+def test_the_head_trains_at_its_own_learning_rate_and_every_parameter_is_in_one_group() -> None:
+    model = init_from_scratch(build_model(DemoConfig(hidden_size=32, num_layers=1, num_heads=2), 64))
+    normalize_stem(model, -10.8, 4.7, reinit=True)
+    named = train._named_parameters(model, torch.nn.Linear(32, 64))
+    groups = train.param_groups(named, 1e-3, 4.0)
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert sorted(ids) == sorted(id(p) for _, p in named) and len(set(ids)) == len(ids)
+    scale = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
+    heads = {n.split(".")[0] for n, p in named if scale[id(p)] == 4.0}
+    assert heads == {"prompt_projector", "encoder_projector", "joint", "ctc_head"}
+    decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert all((id(p) in decayed) == (p.ndim >= 2 and "embedding" not in n) for n, p in named)
 
 
 def test_word_error_rate_of_the_training_log_counts_edits() -> None:

@@ -404,6 +404,37 @@ def _named_parameters(model: Any, ctc_head: torch.nn.Module | None) -> list[tupl
     return named
 
 
+def is_head(name: str) -> bool:
+    """Parameters between the conformer and the joint's output: the prompt, the encoder projector, the
+    joint and the auxiliary CTC head (not the encoder, not the prediction network)."""
+    return not name.startswith(("encoder.", "decoder."))
+
+
+def param_groups(
+    named: list[tuple[str, torch.nn.Parameter]], weight_decay: float, head_lr_scale: float
+) -> list[dict[str, Any]]:
+    """AdamW groups: weight decay on matrices but not on biases, norms and embeddings; `lr_scale` (the
+    training loop multiplies the scheduled LR by it) `head_lr_scale` for the head (`is_head`).
+    Why: the full model's conformer collapses above LR ~5e-4, and at that LR its joint learns to use
+    the encoder output more slowly than the prediction network learns the label language model
+    (docs/demo-model.md, Training point 4)."""
+    groups = []
+    for head in (False, True):
+        for decay in (True, False):
+            params = [
+                p for n, p in named if is_head(n) == head and (p.ndim >= 2 and "embedding" not in n) == decay
+            ]
+            if params:
+                groups.append(
+                    {
+                        "params": params,
+                        "weight_decay": weight_decay if decay else 0.0,
+                        "lr_scale": head_lr_scale if head else 1.0,
+                    }
+                )
+    return groups
+
+
 def save_checkpoint(
     out: Path,
     model: Any,
@@ -575,6 +606,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-seconds", type=float, default=480.0, help="padded audio seconds per batch")
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--warmup", type=float, default=0.08, help="warm-up share of the schedule")
+    p.add_argument(
+        "--head-lr-scale",
+        type=float,
+        default=1.0,
+        help="LR multiplier for the prompt, encoder projector, joint and CTC head (encoder, prediction "
+        "network: --lr)",
+    )
     p.add_argument("--weight-decay", type=float, default=1e-3)
     p.add_argument(
         "--single-share",
@@ -716,13 +754,8 @@ def main(argv: list[str] | None = None) -> int:
     if stem_stats is not None:  # after loading: the parametrization starts from the loaded conv_in
         normalize_stem(model, *stem_stats, reinit=args.resume is None)
     named = _named_parameters(model, ctc_head)
-    decay = [p for n, p in named if p.ndim >= 2 and "embedding" not in n]
-    no_decay = [p for n, p in named if not (p.ndim >= 2 and "embedding" not in n)]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(0.9, 0.98),
-        eps=1e-9,
+        param_groups(named, args.weight_decay, args.head_lr_scale), lr=args.lr, betas=(0.9, 0.98), eps=1e-9
     )
     for k, p in named:
         if f"exp_avg.{k}" in moments:
@@ -876,7 +909,7 @@ def main(argv: list[str] | None = None) -> int:
             if rewarm:
                 lr *= min(1.0, (progress["step"] - first_step + 1) / rewarm)
             for group in opt.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group["lr_scale"]
             r = la_rng.choices(la_values, la_probs)[0]
             spec = None if easy else spec_gen
             losses = batch_nll(
