@@ -106,3 +106,32 @@ def test_a_salad_share_changes_training_sentences_but_not_the_held_out_set() -> 
     salads = sum(u.template == "{salad}" for u in mixed)
     assert 80 <= salads <= 160 and not any(u.template == "{salad}" for u in plain)
     assert corpus.plan("test", 50, 0.15, seed=4) == corpus.plan("test", 50, 0.15, seed=4)
+
+
+def test_coined_words_are_pronounceable_new_words_never_a_held_out_name_or_company() -> None:
+    rng = random.Random(5)
+    held_out = (
+        set(text._NAMES["test"]["first"]) | set(text._NAMES["test"]["last"]) | set(text._COMPANIES["test"])
+    )
+    words = [text.coin_word(rng) for _ in range(5000)]
+    assert not set(words) & held_out
+    assert all(3 <= len(w) <= 12 and w.isascii() and w.isalpha() and w == text.normalize(w) for w in words)
+    assert len(set(words)) > 4000  # thousands of different spellings, not a list to memorize
+    known = set(text.training_vocabulary("en").types)
+    for _ in range(200):
+        s = text.make_coined(rng)
+        assert s.lang == "en" and s.template == "{coined}" and 3 <= len(s.spoken.split()) <= 8
+        assert not set(s.spoken.split()) & held_out
+    mixed = [w for _ in range(300) for w in text.make_coined(rng).spoken.split()]
+    assert 0.3 < sum(w not in known for w in mixed) / len(mixed) < 0.7
+
+
+def test_a_coined_share_adds_english_coined_sentences_and_without_it_a_set_stays_as_it_was() -> None:
+    from tools.demo_model import corpus
+
+    assert corpus.plan("train", 300, 0.15, seed=4, salad_share=0.4, shard=2, coined_share=0.0) == corpus.plan(
+        "train", 300, 0.15, seed=4, salad_share=0.4, shard=2
+    )
+    coined = corpus.plan("train", 300, 0.15, seed=4, salad_share=0.2, coined_share=0.9)
+    assert 120 <= sum(u.template == "{coined}" for u in coined) <= 240
+    assert all(u.lang == "en" for u in coined if u.template == "{coined}")

@@ -120,10 +120,17 @@ def pick_voice(rng: random.Random, lang: str, split: str) -> Voice:
 
 
 def plan(
-    split: str, count: int, uk_share: float, seed: int, salad_share: float = 0.0, shard: int = 0
+    split: str,
+    count: int,
+    uk_share: float,
+    seed: int,
+    salad_share: float = 0.0,
+    shard: int = 0,
+    coined_share: float = 0.0,
 ) -> list[Utterance]:
     """The utterances of one split: text from the split's templates (or, for a `salad_share` of them, a
-    random sequence of training words: `text.make_salad`), voice from the split's grid. `shard` > 0 draws
+    random sequence of training words: `text.make_salad`; for a `coined_share` of the English others, a
+    salad half of made-up words: `text.make_coined`), voice from the split's grid. `shard` > 0 draws
     another, independent set of the same split (more training data than one carry holds)."""
     rng = random.Random(f"{seed}:{split}" if shard == 0 else f"{seed}:{split}:{shard}")
     prefix = split if shard == 0 else f"{split}-s{shard}"
@@ -132,7 +139,14 @@ def plan(
     for i in range(count):
         lang: Literal["en", "uk"] = "uk" if rng.random() < uk_share else "en"
         salad = salad_share > 0 and rng.random() < salad_share
-        sentence = text.make_salad(rng, lang) if salad else text.make_sentence(rng, lang, text_split)
+        # Drawn only when asked for: sets built without coined words stay byte for byte as they were.
+        coined = not salad and lang == "en" and coined_share > 0 and rng.random() < coined_share
+        if salad:
+            sentence = text.make_salad(rng, lang)
+        elif coined:
+            sentence = text.make_coined(rng)
+        else:
+            sentence = text.make_sentence(rng, lang, text_split)
         voice = pick_voice(rng, lang, split)
         out.append(
             Utterance(
@@ -233,6 +247,7 @@ class CorpusSizes:
     # Further training sets of `train` utterances each (shard<k>/train.npz): one carry to the GPU machine
     # holds one set, so each call of a multi-call run brings another (train.py --extra-train).
     train_shards: int = 1
+    coined_share: float = 0.0  # English training sentences that are half made-up words (text.make_coined)
 
 
 def build(out: Path, sizes: CorpusSizes, seed: int, workers: int) -> dict[str, object]:
@@ -247,16 +262,11 @@ def build(out: Path, sizes: CorpusSizes, seed: int, workers: int) -> dict[str, o
         "splits": {},
     }
     plans = {
-        "train": plan("train", sizes.train, sizes.uk_share, seed, sizes.salad_share),
+        "train": training_plan(sizes, seed, 0),
         "dev": plan("dev", sizes.dev, sizes.uk_share, seed),
         "test": plan("test", sizes.test, sizes.uk_share, seed),
     }
-    plans.update(
-        {
-            f"shard{k}": plan("train", sizes.train, sizes.uk_share, seed, sizes.salad_share, shard=k)
-            for k in range(1, sizes.train_shards)
-        }
-    )
+    plans.update({f"shard{k}": training_plan(sizes, seed, k) for k in range(1, sizes.train_shards)})
     for split, utts in plans.items():
         audio = synthesize_all(utts, workers)
         seconds = sum(len(a) for a in audio) / SAMPLE_RATE
@@ -280,13 +290,7 @@ def build(out: Path, sizes: CorpusSizes, seed: int, workers: int) -> dict[str, o
             if split.startswith("shard"):
                 (out / split).mkdir(exist_ok=True)
                 target = out / split / "train.npz"
-            info["bytes"] = data.pack_split(
-                target,
-                audio,
-                [u.text for u in utts],
-                [LOCALES[u.lang] for u in utts],
-                [u.uid for u in utts],
-            )
+            info["bytes"] = _pack(target, utts, audio)
         info["langs"] = {lang: sum(u.lang == lang for u in utts) for lang in LOCALES}
         summary["splits"][split] = info  # type: ignore[index]
         print(f"{split}: {info}", flush=True)
@@ -299,6 +303,41 @@ def build(out: Path, sizes: CorpusSizes, seed: int, workers: int) -> dict[str, o
     return summary
 
 
+def training_plan(sizes: CorpusSizes, seed: int, shard: int) -> list[Utterance]:
+    return plan(
+        "train",
+        sizes.train,
+        sizes.uk_share,
+        seed,
+        sizes.salad_share,
+        shard=shard,
+        coined_share=sizes.coined_share,
+    )
+
+
+def _pack(target: Path, utts: Sequence[Utterance], audio: Sequence[np.ndarray]) -> int:
+    return data.pack_split(
+        target, audio, [u.text for u in utts], [LOCALES[u.lang] for u in utts], [u.uid for u in utts]
+    )
+
+
+def build_shard(out: Path, sizes: CorpusSizes, seed: int, workers: int, shard: int) -> dict[str, object]:
+    """One more training shard (`out`/shard<k>/train.npz) without touching the rest of the corpus."""
+    utts = training_plan(sizes, seed, shard)
+    audio = synthesize_all(utts, workers)
+    (out / f"shard{shard}").mkdir(parents=True, exist_ok=True)
+    info: dict[str, object] = {
+        "utterances": len(utts),
+        "hours": round(sum(len(a) for a in audio) / SAMPLE_RATE / 3600, 3),
+        "bytes": _pack(out / f"shard{shard}" / "train.npz", utts, audio),
+        "coined": sum(u.template == "{coined}" for u in utts),
+        "sizes": asdict(sizes),
+        "seed": seed,
+    }
+    (out / f"shard{shard}" / "shard.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     default = CorpusSizes()
     parser.add_argument("--out", type=Path, default=Path("var/demo"))
@@ -309,6 +348,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--uk-share", type=float, default=default.uk_share)
     parser.add_argument("--salad-share", type=float, default=default.salad_share)
     parser.add_argument("--train-shards", type=int, default=default.train_shards)
+    parser.add_argument("--coined-share", type=float, default=default.coined_share)
+    parser.add_argument(
+        "--only-shard", type=int, default=None, help="build only training shard K (shard<K>/train.npz)"
+    )
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--workers", type=int, default=2)
 
@@ -320,9 +363,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     sizes = CorpusSizes(
-        args.train, args.dev, args.test, args.uk_share, args.salad_share, args.test_carried, args.train_shards
+        args.train,
+        args.dev,
+        args.test,
+        args.uk_share,
+        args.salad_share,
+        args.test_carried,
+        args.train_shards,
+        args.coined_share,
     )
-    build(args.out, sizes, args.seed, args.workers)
+    if args.only_shard is not None:
+        print(build_shard(args.out, sizes, args.seed, args.workers, args.only_shard), flush=True)
+    else:
+        build(args.out, sizes, args.seed, args.workers)
     return 0
 
 

@@ -535,3 +535,45 @@ def make_salad(rng: random.Random, lang: Literal["en", "uk"], n_min: int = 3, n_
     words = [rng.choice(vocab.types if rng.random() < 0.5 else vocab.tokens) for _ in range(count)]
     spoken = " ".join(words)
     return Sentence(lang, "{salad}", spoken, spoken)
+
+
+# --- coined words --------------------------------------------------------------------------------
+# Held-out names are words the model never heard. To spell them it must have learned how espeak-ng's
+# English letter-to-sound rules map onto the pieces, which 298 real training names barely teach. Coined
+# words — pronounceable, spelled with common English spelling units, read by the same rules — teach
+# the mapping itself. Held-out names and companies are never coined.
+
+_ONSETS = (
+    "b", "bl", "br", "c", "ch", "cl", "cr", "d", "dr", "f", "fl", "fr", "g", "gr", "h", "j", "k", "l", "m",
+    "n", "p", "pr", "r", "s", "sh", "st", "t", "th", "tr", "v", "w", "y", "z", "",
+)  # fmt: skip
+_INNER_ONSETS = ("b", "c", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z")
+_NUCLEI = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ay", "ea", "ee", "oa", "oo", "ou", "ow")
+_INNER_CODAS = ("", "", "", "n", "r", "l", "s", "m", "t")
+_ENDINGS = (
+    "", "", "n", "r", "s", "t", "d", "ll", "tt", "ck", "nd", "rd", "st", "son", "ton", "er", "ley", "man",
+    "ett", "ins", "ard", "y", "ell", "en", "ford", "by", "ham", "ter", "ez", "is",
+)  # fmt: skip
+_HELD_OUT_WORDS = frozenset((*_TEST_FIRST, *_TEST_LAST, *_COMPANIES["test"]))
+
+
+def coin_word(rng: random.Random) -> str:
+    """A pronounceable made-up, name-like word of one to three syllables (never a held-out name or
+    company): onset + vowel (+ a simple coda) per syllable, a name-like ending."""
+    while True:
+        syllables = rng.choice((1, 2, 2, 2, 3))
+        parts = [rng.choice(_ONSETS), rng.choice(_NUCLEI)]
+        for _ in range(syllables - 1):
+            parts += [rng.choice(_INNER_CODAS), rng.choice(_INNER_ONSETS), rng.choice(_NUCLEI[:9])]
+        word = "".join(parts) + rng.choice(_ENDINGS)
+        if 3 <= len(word) <= 12 and word not in _HELD_OUT_WORDS:
+            return word
+
+
+def make_coined(rng: random.Random, n_min: int = 3, n_max: int = 8) -> Sentence:
+    """English word salad in which about half the words are coined (`coin_word`), the rest training words."""
+    vocab = training_vocabulary("en")
+    count = rng.randint(n_min, n_max)
+    words = [coin_word(rng) if rng.random() < 0.5 else rng.choice(vocab.types) for _ in range(count)]
+    spoken = " ".join(words)
+    return Sentence("en", "{coined}", spoken, spoken)
