@@ -548,7 +548,8 @@ _ONSETS = (
     "n", "p", "pr", "r", "s", "sh", "st", "t", "th", "tr", "v", "w", "y", "z", "",
 )  # fmt: skip
 _INNER_ONSETS = ("b", "c", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z")
-_NUCLEI = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ay", "ea", "ee", "oa", "oo", "ou", "ow")
+_SIMPLE_NUCLEI = ("a", "e", "i", "o", "u", "a", "e", "i", "o")  # inside a word
+_NUCLEI = (*_SIMPLE_NUCLEI, "ai", "ay", "ea", "ee", "oa", "oo", "ou", "ow")
 _INNER_CODAS = ("", "", "", "n", "r", "l", "s", "m", "t")
 _ENDINGS = (
     "", "", "n", "r", "s", "t", "d", "ll", "tt", "ck", "nd", "rd", "st", "son", "ton", "er", "ley", "man",
@@ -564,7 +565,7 @@ def coin_word(rng: random.Random) -> str:
         syllables = rng.choice((1, 2, 2, 2, 3))
         parts = [rng.choice(_ONSETS), rng.choice(_NUCLEI)]
         for _ in range(syllables - 1):
-            parts += [rng.choice(_INNER_CODAS), rng.choice(_INNER_ONSETS), rng.choice(_NUCLEI[:9])]
+            parts += [rng.choice(_INNER_CODAS), rng.choice(_INNER_ONSETS), rng.choice(_SIMPLE_NUCLEI)]
         word = "".join(parts) + rng.choice(_ENDINGS)
         if 3 <= len(word) <= 12 and word not in _HELD_OUT_WORDS:
             return word
