@@ -286,10 +286,7 @@ def build(out: Path, sizes: CorpusSizes, seed: int, workers: int) -> dict[str, o
                 [u.uid for u in utts[:n]],
             )
         else:
-            target = carry / f"{split}.npz"
-            if split.startswith("shard"):
-                (out / split).mkdir(exist_ok=True)
-                target = out / split / "train.npz"
+            target = _shard_file(out, split) if split.startswith("shard") else carry / f"{split}.npz"
             info["bytes"] = _pack(target, utts, audio)
         info["langs"] = {lang: sum(u.lang == lang for u in utts) for lang in LOCALES}
         summary["splits"][split] = info  # type: ignore[index]
@@ -315,6 +312,11 @@ def training_plan(sizes: CorpusSizes, seed: int, shard: int) -> list[Utterance]:
     )
 
 
+def _shard_file(out: Path, name: str) -> Path:
+    (out / name).mkdir(parents=True, exist_ok=True)
+    return out / name / "train.npz"
+
+
 def _pack(target: Path, utts: Sequence[Utterance], audio: Sequence[np.ndarray]) -> int:
     return data.pack_split(
         target, audio, [u.text for u in utts], [LOCALES[u.lang] for u in utts], [u.uid for u in utts]
@@ -325,16 +327,16 @@ def build_shard(out: Path, sizes: CorpusSizes, seed: int, workers: int, shard: i
     """One more training shard (`out`/shard<k>/train.npz) without touching the rest of the corpus."""
     utts = training_plan(sizes, seed, shard)
     audio = synthesize_all(utts, workers)
-    (out / f"shard{shard}").mkdir(parents=True, exist_ok=True)
+    target = _shard_file(out, f"shard{shard}")
     info: dict[str, object] = {
         "utterances": len(utts),
         "hours": round(sum(len(a) for a in audio) / SAMPLE_RATE / 3600, 3),
-        "bytes": _pack(out / f"shard{shard}" / "train.npz", utts, audio),
+        "bytes": _pack(target, utts, audio),
         "coined": sum(u.template == "{coined}" for u in utts),
         "sizes": asdict(sizes),
         "seed": seed,
     }
-    (out / f"shard{shard}" / "shard.json").write_text(json.dumps(info, indent=2) + "\n")
+    (target.parent / "shard.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 
 

@@ -415,9 +415,9 @@ def param_groups(
 ) -> list[dict[str, Any]]:
     """AdamW groups: weight decay on matrices but not on biases, norms and embeddings; `lr_scale` (the
     training loop multiplies the scheduled LR by it) `head_lr_scale` for the head (`is_head`).
-    Why: the full model's conformer collapses above LR ~5e-4, and at that LR its joint learns to use
-    the encoder output more slowly than the prediction network learns the label language model
-    (docs/demo-model.md, Training point 4)."""
+    Why: the full model's conformer collapses at LR 2e-3, and at 5e-4 its joint learns to use the
+    encoder output more slowly than the prediction network learns the label language model; LR 1e-3 with
+    the head at 2x trained best (docs/demo-model.md, Training point 4, run 7)."""
     groups = []
     for head in (False, True):
         for decay in (True, False):
