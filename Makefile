@@ -43,9 +43,9 @@ pytest: venv
 demo: deps venv
 	$(PY) -m tools.demo
 
-# Rebuild the embedded demo model from nothing (docs/demo-model.md): corpus ~4 min, training three stages of
-# ~9 min each (on a GPU if there is one, else the same minutes on the CPU: fewer steps), eval ~4 min;
-# `make demo-model DEMO_MODEL_ARGS="--until data"` builds only the carries for a GPU run.
+# Rebuild the embedded demo model from nothing (docs/demo-model.md): corpus ~25 min (19 training shards),
+# training six stages of 7-9 min each (on a GPU if there is one, else the same minutes on the CPU: fewer
+# steps), eval ~4 min; `make demo-model DEMO_MODEL_ARGS="--until data"` builds only the data.
 DEMO_MODEL_ARGS ?=
 demo-model: deps venv
 	$(PY) -m tools.demo_model.recipe $(DEMO_MODEL_ARGS)

@@ -121,3 +121,21 @@ def test_espeak_synthesis_gives_trimmed_8khz_speech_at_the_target_level() -> Non
     assert 0.15 * words < len(audio) / corpus.SAMPLE_RATE < 1.0 * words + 1
     assert augment.rms(audio) == pytest.approx(10 ** (-20 / 20), rel=0.3)
     assert np.max(np.abs(audio)) <= 0.9 + 1e-6
+
+
+def test_the_espeak_bundle_speaks_the_same_waveforms_without_the_systems_espeak(tmp_path: Path) -> None:
+    """tools/demo_model/espeak_bundle.sh: what lets the GPU machine (no espeak-ng there) build shards."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    bundle = tmp_path / "esp"
+    subprocess.run(
+        [str(repo / "tools/demo_model/espeak_bundle.sh"), str(bundle)], check=True, capture_output=True
+    )
+    args = ["-v", "uk+m4", "-s", "155", "--stdout", "мій телефон два сім"]
+    # A bare environment: no PATH, no ESPEAK_DATA_PATH; the wrapper finds its own libraries and data.
+    ours = subprocess.run(
+        [str(bundle / "bin/espeak-ng"), *args], check=True, capture_output=True, env={}
+    ).stdout
+    system = subprocess.run(["espeak-ng", *args], check=True, capture_output=True).stdout
+    assert len(ours) > 10_000 and ours == system

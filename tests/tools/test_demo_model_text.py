@@ -135,3 +135,76 @@ def test_a_coined_share_adds_english_coined_sentences_and_without_it_a_set_stays
     coined = corpus.plan("train", 300, 0.15, seed=4, salad_share=0.2, coined_share=0.9)
     assert 120 <= sum(u.template == "{coined}" for u in coined) <= 240
     assert all(u.lang == "en" for u in coined if u.template == "{coined}")
+
+
+def test_coined_names_fill_name_and_company_slots_only_when_asked() -> None:
+    held_out = set(text._HELD_OUT_WORDS)
+    plain = [text.make_sentence(random.Random(s), "en", "train") for s in range(300)]
+    same = [text.make_sentence(random.Random(s), "en", "train", coined_names=0.0) for s in range(300)]
+    assert plain == same  # without coined names the draws are the ones they always were
+    known = set(text.training_vocabulary("en").types)
+    named = [
+        text.make_sentence(random.Random(s), "en", "train", coined_names=1.0)
+        for s in range(2000)
+        if "{name}" in text.make_sentence(random.Random(s), "en", "train").template
+    ]
+    assert len(named) > 100
+    for s in named:
+        template_words = set(text._SLOT_RE.sub(" ", s.template).split())
+        new_words = [w for w in s.spoken.split() if w not in template_words and not w.isdigit()]
+        assert new_words and not set(new_words) & held_out
+    assert sum(w not in known for s in named for w in s.spoken.split()) >= 2 * len(named) * 0.9
+
+
+def test_spliced_sentences_join_the_start_of_one_training_sentence_to_the_end_of_another() -> None:
+    rng = random.Random(11)
+    starts = {s.split()[0] for t in text.EN_TEMPLATES["train"] for s in [t] if not s.startswith("{")}
+    names = text._NAMES["train"]
+    known = {
+        *text.training_vocabulary("en").types,
+        *names["first"],
+        *names["last"],
+        *text._COMPANIES["train"],
+    }
+    sentences = [text.make_spliced(rng, "en") for _ in range(500)]
+    for s in sentences:
+        words = s.spoken.split()
+        assert s.template == "{spliced}" and 1 <= len(words) <= 24 and set(words) <= known
+        assert s.spoken == text.normalize(s.spoken)
+    assert sum(s.spoken.split()[0] in starts for s in sentences) > 0.8 * len(sentences)
+    templates = {text.normalize(t) for t in text.EN_TEMPLATES["train"]}
+    assert sum(s.spoken not in templates for s in sentences) > 0.7 * len(sentences)  # mostly new sentences
+
+
+def test_perturbed_sentences_edit_about_the_given_share_of_words() -> None:
+    import jiwer
+
+    for rate in (0.12, 0.3):
+        edits = words = 0
+        for seed in range(400):
+            original = text.make_sentence(random.Random(seed), "en", "train").spoken
+            edited = text.make_perturbed(random.Random(seed), "en", rate=rate)
+            assert edited.template == "{perturbed}" and edited.spoken
+            out = jiwer.process_words(original, edited.spoken)
+            edits += out.substitutions + out.deletions + out.insertions
+            words += len(original.split())
+        assert 0.6 * rate < edits / words < 1.2 * rate, (rate, edits / words)
+
+
+def test_new_mixes_leave_sets_built_without_them_and_the_held_out_set_unchanged() -> None:
+    from tools.demo_model import corpus
+
+    base = corpus.plan("train", 300, 0.15, seed=4, salad_share=0.4, shard=2)
+    assert base == corpus.plan(
+        "train", 300, 0.15, seed=4, salad_share=0.4, shard=2, splice_share=0.0, perturb_share=0.0
+    )
+    varied = corpus.plan("train", 1000, 0.15, seed=4, shard=5, **corpus.VARIED_MIX)
+    share = {k: sum(u.template == k for u in varied) / 1000 for k in ("{salad}", "{spliced}", "{perturbed}")}
+    assert (
+        0.2 < share["{salad}"] < 0.3 and 0.2 < share["{spliced}"] < 0.35 and 0.1 < share["{perturbed}"] < 0.25
+    )
+    novel = corpus.plan(
+        "dev", 200, 0.15, seed=4, shard=1, salad_share=0.0, splice_share=0.5, perturb_share=1.0
+    )
+    assert {u.template for u in novel} == {"{spliced}", "{perturbed}"}
+    assert corpus.plan("test", 400, 0.15, seed=1234) == corpus.plan("test", 400, 0.15, seed=1234)

@@ -7,6 +7,7 @@ import itertools
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tools.demo_model import frontend, train
+from tools.demo_model import data, frontend, train
 from tools.demo_model.model import (
     DemoConfig,
     build_model,
@@ -113,30 +114,45 @@ def test_history_noise_changes_what_the_prediction_network_reads_and_nothing_els
     assert not torch.allclose(noisy, plain)
 
 
-def test_the_recipe_chains_its_stages_each_resuming_the_last_with_more_shards(tmp_path: Path) -> None:
+def test_the_recipe_chains_its_stages_each_resuming_the_last_with_the_shards_it_names(tmp_path: Path) -> None:
     from tools.demo_model import recipe
 
-    for k in (1, 2):
+    for k in (1, 2, 10):
         (tmp_path / f"shard{k}").mkdir()
         (tmp_path / f"shard{k}" / "train.npz").touch()
     commands = recipe.train_commands(tmp_path, 7, [])
-    assert len(commands) == len(recipe.SHIPPED_STAGES) == 3
+    assert len(commands) == len(recipe.SHIPPED_STAGES) == 6
 
     def value(cmd: list[str], flag: str) -> str | None:
         return cmd[cmd.index(flag) + 1] if flag in cmd else None
 
-    assert value(commands[0], "--resume") is None and "--extra-train" not in commands[0]
+    def shards(cmd: list[str]) -> list[str]:
+        if "--extra-train" not in cmd:
+            return []
+        rest = cmd[cmd.index("--extra-train") + 1 :]
+        return rest[: next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))]
+
+    def shard(k: int) -> str:
+        return str(tmp_path / f"shard{k}" / "train.npz")
+
+    assert value(commands[0], "--resume") is None
     for before, after in itertools.pairwise(commands):
         assert value(after, "--resume") == value(before, "--out")
-    assert value(commands[1], "--extra-train") == str(tmp_path / "shard1" / "train.npz")
-    shards2 = commands[2][commands[2].index("--extra-train") + 1 :][:2]
-    assert shards2 == [str(tmp_path / f"shard{k}" / "train.npz") for k in (1, 2)]
+    # Session 1: the carry's train.npz plus one more template shard per call.
+    assert [shards(c) for c in commands[:3]] == [[], [shard(1)], [shard(1), shard(2)]]
+    assert not any("--only-extra-train" in c or "--test" in c for c in commands[:3])
+    # Session 2: the varied shards alone, scored on the novel dev set (never the held-out clips).
+    assert shards(commands[3]) == [shard(k) for k in range(4, 12)]
+    assert shards(commands[4]) == shards(commands[5]) == [shard(k) for k in range(4, 20)]
+    for cmd in commands[3:]:
+        assert "--only-extra-train" in cmd and value(cmd, "--test") == str(tmp_path / "dev1" / "dev.npz")
     assert {value(c, "--model-size") for c in commands} == {"full"}
-    assert {value(c, "--lr") for c in commands} == {"1e-3"}  # one schedule across the stages
+    assert {value(c, "--lr") for c in commands} == {"1e-3"}
     assert value(commands[-1], "--out") == str(recipe.last_stage_folder(tmp_path, []))
     (custom,) = recipe.train_commands(tmp_path, 7, ["--max-steps", "5"])
     assert custom[-2:] == ["--max-steps", "5"] and value(custom, "--resume") is None
-    assert custom[custom.index("--extra-train") + 2] == str(tmp_path / "shard2" / "train.npz")
+    assert shards(custom) == [shard(1), shard(2), shard(10)]  # every shard, in number order
+    assert "--only-extra-train" not in custom
 
 
 def test_a_model_initialized_for_training_hands_the_audio_to_the_conformer_above_layernorm_eps() -> None:
@@ -240,6 +256,10 @@ def carry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("demo")
     sizes = corpus.CorpusSizes(train=24, dev=4, test=4, test_carried=4, train_shards=2)
     corpus.build(out, sizes, seed=3, workers=1)
+    # A development set of sentences off the templates (recipe: dev1/dev.npz, the second session's --test).
+    corpus.build_shard(
+        out, replace(sizes, **{**corpus.NOVEL_DEV_MIX, "dev": 4}), seed=3, workers=1, shard=1, split="dev"
+    )
     texts = [u.text for u in corpus.plan("train", 400, 0.15, seed=3)]
     (out / "vocab.txt").write_text("\n".join(texts) + "\n")
     vocab.train_sentencepiece(out / "vocab.txt", out / "carry" / "tokenizer.model", 95)
@@ -300,6 +320,18 @@ def test_training_script_runs_checkpoints_and_resumes(carry: Path, tmp_path: Pat
     assert log3["progress"]["step"] == 4
     assert log3["data"]["train_utts"] == 48 and log3["data"]["train_sets"][1] == str(shard)
     assert not list(third.glob("adam.*"))
+    # The second session's form: the shards alone (the carry brings dev, tokenizer and filters), and
+    # another set scored beside dev in place of the carried held-out clips.
+    novel = carry / "dev1" / "dev.npz"
+    fourth = tmp_path / "run4"
+    alone = ("--max-steps", "5", "--out", str(fourth), "--resume", str(third), "--only-extra-train")
+    refused = subprocess.run([*base, *alone], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert refused.returncode != 0 and "--only-extra-train needs --extra-train" in refused.stderr
+    run(*alone, "--extra-train", str(shard), "--test", str(novel))
+    log4 = json.loads((fourth / "train_log.json").read_text())
+    assert log4["data"]["train_sets"] == [str(shard)] and log4["data"]["train_utts"] == 24
+    novel_refs = {ex["ref"] for ex in log4["evals"][-1]["test"]["examples"]}
+    assert novel_refs <= set(data.load_split(novel).texts) and len(novel_refs) == 4
 
 
 def test_exported_bundle_decodes_exactly_like_the_hf_model_it_came_from(carry: Path, tmp_path: Path) -> None:

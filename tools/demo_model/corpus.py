@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import soundfile as sf
@@ -127,11 +127,18 @@ def plan(
     salad_share: float = 0.0,
     shard: int = 0,
     coined_share: float = 0.0,
+    splice_share: float = 0.0,
+    perturb_share: float = 0.0,
+    coined_name_share: float = 0.0,
 ) -> list[Utterance]:
-    """The utterances of one split: text from the split's templates (or, for a `salad_share` of them, a
-    random sequence of training words: `text.make_salad`; for a `coined_share` of the English others, a
-    salad half of made-up words: `text.make_coined`), voice from the split's grid. `shard` > 0 draws
-    another, independent set of the same split (more training data than one carry holds)."""
+    """The utterances of one split: text from the split's templates, voice from the split's grid.
+
+    Training sets can mix in, each share taken of the sentences the ones before left: `salad_share`
+    random sequences of training words (`text.make_salad`); `coined_share` of the English ones salad
+    half of made-up words (`text.make_coined`); `splice_share` fragments of training sentences joined
+    (`text.make_spliced`); `perturb_share` training sentences with edited words (`text.make_perturbed`).
+    `coined_name_share` of the name and company slots get coined words. `shard` > 0 draws another,
+    independent set of the same split (more training data than one carry holds)."""
     rng = random.Random(f"{seed}:{split}" if shard == 0 else f"{seed}:{split}:{shard}")
     prefix = split if shard == 0 else f"{split}-s{shard}"
     text_split: text.Split = "test" if split == "test" else "train"
@@ -141,12 +148,18 @@ def plan(
         salad = salad_share > 0 and rng.random() < salad_share
         # Drawn only when asked for: sets built without coined words stay byte for byte as they were.
         coined = not salad and lang == "en" and coined_share > 0 and rng.random() < coined_share
+        splice = not (salad or coined) and splice_share > 0 and rng.random() < splice_share
+        perturb = not (salad or coined or splice) and perturb_share > 0 and rng.random() < perturb_share
         if salad:
             sentence = text.make_salad(rng, lang)
         elif coined:
             sentence = text.make_coined(rng)
+        elif splice:
+            sentence = text.make_spliced(rng, lang, coined_name_share)
+        elif perturb:
+            sentence = text.make_perturbed(rng, lang, coined_names=coined_name_share)
         else:
-            sentence = text.make_sentence(rng, lang, text_split)
+            sentence = text.make_sentence(rng, lang, text_split, coined_name_share)
         voice = pick_voice(rng, lang, split)
         out.append(
             Utterance(
@@ -248,6 +261,22 @@ class CorpusSizes:
     # holds one set, so each call of a multi-call run brings another (train.py --extra-train).
     train_shards: int = 1
     coined_share: float = 0.0  # English training sentences that are half made-up words (text.make_coined)
+    splice_share: float = 0.0  # of the rest: fragments of training sentences joined (text.make_spliced)
+    perturb_share: float = 0.0  # of the rest: training sentences with edited words (text.make_perturbed)
+    coined_name_share: float = 0.0  # name and company slots filled with coined words
+
+
+# The shipped model's second training session (docs/demo-model.md): shards 4-19 of sentences that leave
+# the templates, and a development set of spliced and edited sentences (dev1/dev.npz) to score them with
+# while the held-out set stays unseen.
+VARIED_MIX: dict[str, Any] = {
+    "salad_share": 0.25, "coined_share": 0.15, "splice_share": 0.4, "perturb_share": 0.4,
+    "coined_name_share": 0.5,
+}  # fmt: skip
+VARIED_SHARDS = range(4, 20)
+NOVEL_DEV_MIX: dict[str, Any] = {
+    "dev": 200, "salad_share": 0.0, "splice_share": 0.5, "perturb_share": 1.0, "coined_name_share": 0.5,
+}  # fmt: skip
 
 
 def build(out: Path, sizes: CorpusSizes, seed: int, workers: int) -> dict[str, object]:
@@ -300,21 +329,28 @@ def build(out: Path, sizes: CorpusSizes, seed: int, workers: int) -> dict[str, o
     return summary
 
 
-def training_plan(sizes: CorpusSizes, seed: int, shard: int) -> list[Utterance]:
+def training_plan(sizes: CorpusSizes, seed: int, shard: int, split: str = "train") -> list[Utterance]:
+    """A training (or, `split="dev"`, a development) set drawn with the sizes' mix of sentences."""
     return plan(
-        "train",
-        sizes.train,
+        split,
+        sizes.train if split == "train" else sizes.dev,
         sizes.uk_share,
         seed,
         sizes.salad_share,
         shard=shard,
         coined_share=sizes.coined_share,
+        splice_share=sizes.splice_share,
+        perturb_share=sizes.perturb_share,
+        coined_name_share=sizes.coined_name_share,
     )
 
 
-def _shard_file(out: Path, name: str) -> Path:
+_MIXED = ("{salad}", "{coined}", "{spliced}", "{perturbed}")  # the templates of mixed-in sentences
+
+
+def _shard_file(out: Path, name: str, split: str = "train") -> Path:
     (out / name).mkdir(parents=True, exist_ok=True)
-    return out / name / "train.npz"
+    return out / name / f"{split}.npz"
 
 
 def _pack(target: Path, utts: Sequence[Utterance], audio: Sequence[np.ndarray]) -> int:
@@ -323,16 +359,20 @@ def _pack(target: Path, utts: Sequence[Utterance], audio: Sequence[np.ndarray]) 
     )
 
 
-def build_shard(out: Path, sizes: CorpusSizes, seed: int, workers: int, shard: int) -> dict[str, object]:
-    """One more training shard (`out`/shard<k>/train.npz) without touching the rest of the corpus."""
-    utts = training_plan(sizes, seed, shard)
+def build_shard(
+    out: Path, sizes: CorpusSizes, seed: int, workers: int, shard: int, split: str = "train"
+) -> dict[str, object]:
+    """One more training shard (`out`/shard<k>/train.npz) without touching the rest of the corpus; with
+    `split="dev"` a development set of the same mix in the training voices (`out`/dev<k>/dev.npz), e.g.
+    spliced and edited sentences that score how a model does off the templates without the held-out set."""
+    utts = training_plan(sizes, seed, shard, split)
     audio = synthesize_all(utts, workers)
-    target = _shard_file(out, f"shard{shard}")
+    target = _shard_file(out, f"shard{shard}") if split == "train" else _shard_file(out, f"dev{shard}", "dev")
     info: dict[str, object] = {
         "utterances": len(utts),
         "hours": round(sum(len(a) for a in audio) / SAMPLE_RATE / 3600, 3),
         "bytes": _pack(target, utts, audio),
-        "coined": sum(u.template == "{coined}" for u in utts),
+        "mix": {k: sum(u.template == k for u in utts) for k in _MIXED},
         "sizes": asdict(sizes),
         "seed": seed,
     }
@@ -351,8 +391,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--salad-share", type=float, default=default.salad_share)
     parser.add_argument("--train-shards", type=int, default=default.train_shards)
     parser.add_argument("--coined-share", type=float, default=default.coined_share)
+    parser.add_argument("--splice-share", type=float, default=default.splice_share)
+    parser.add_argument("--perturb-share", type=float, default=default.perturb_share)
+    parser.add_argument("--coined-name-share", type=float, default=default.coined_name_share)
     parser.add_argument(
         "--only-shard", type=int, default=None, help="build only training shard K (shard<K>/train.npz)"
+    )
+    parser.add_argument(
+        "--split",
+        choices=("train", "dev"),
+        default="train",
+        help="with --only-shard: dev builds dev<K>/dev.npz (--dev utterances) instead",
     )
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--workers", type=int, default=2)
@@ -373,9 +422,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.test_carried,
         args.train_shards,
         args.coined_share,
+        args.splice_share,
+        args.perturb_share,
+        args.coined_name_share,
     )
     if args.only_shard is not None:
-        print(build_shard(args.out, sizes, args.seed, args.workers, args.only_shard), flush=True)
+        print(build_shard(args.out, sizes, args.seed, args.workers, args.only_shard, args.split), flush=True)
     else:
         build(args.out, sizes, args.seed, args.workers)
     return 0

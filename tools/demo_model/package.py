@@ -132,6 +132,12 @@ def write_card(bundle: Path, checkpoint: Path, data: Path, summary: dict[str, An
             )
         }
         card["training"]["last_eval"] = (log.get("evals") or [None])[-1]
+        # What the log calls "test": the carried held-out clips unless the run scored another set (--test).
+        test_set = log.get("args", {}).get("test")
+        card["training"]["last_eval_test_set"] = (
+            test_set if test_set not in (None, "None") else "carry/test.npz (the first held-out clips)"
+        )
+        card["training"]["train_data"] = log.get("data")
     (bundle / "demo_model.json").write_text(
         json.dumps(card, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
     )

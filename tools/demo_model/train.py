@@ -592,6 +592,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         help="further training sets (corpus shards: shard<k>/train.npz), joined to --data's train.npz",
     )
+    p.add_argument(
+        "--only-extra-train",
+        action="store_true",
+        help="train on the --extra-train sets alone (--data then brings dev, test, tokenizer and filters)",
+    )
+    p.add_argument(
+        "--test",
+        type=Path,
+        default=None,
+        help="set scored beside dev at each evaluation (default: --data's test.npz, the carried "
+        "held-out clips)",
+    )
     p.add_argument("--out", type=Path, required=True)
     p.add_argument(
         "--resume", type=Path, default=None, help="folder with a previous run's model (and adam) parts"
@@ -718,10 +730,15 @@ def main(argv: list[str] | None = None) -> int:
     blank = vocab - 1
     filters = np.fromfile(args.data / "melfilters.f32", dtype="<f4").reshape(128, 257)
 
-    train_sets = [args.data / "train.npz", *args.extra_train]
+    train_sets = [*([] if args.only_extra_train else [args.data / "train.npz"]), *args.extra_train]
+    if not train_sets:
+        raise SystemExit("--only-extra-train needs --extra-train")
     train = data.join_splits([data.load_split(p) for p in train_sets])
     dev = data.load_split(args.data / "dev.npz")
-    test = data.load_split(args.data / "test.npz") if (args.data / "test.npz").exists() else None
+    if args.test is not None and not args.test.exists():
+        raise SystemExit(f"--test: no such file {args.test}")
+    test_path = args.test or args.data / "test.npz"
+    test = data.load_split(test_path) if test_path.exists() else None
     if args.smoke:
         train, dev = _first(train, 48), _first(dev, 8)
         test = None if test is None else _first(test, 8)
