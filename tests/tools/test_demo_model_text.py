@@ -158,7 +158,7 @@ def test_coined_names_fill_name_and_company_slots_only_when_asked() -> None:
 
 def test_spliced_sentences_join_the_start_of_one_training_sentence_to_the_end_of_another() -> None:
     rng = random.Random(11)
-    starts = {s.split()[0] for t in text.EN_TEMPLATES["train"] for s in [t] if not s.startswith("{")}
+    starts = {t.split()[0] for t in text.EN_TEMPLATES["train"] if not t.startswith("{")}
     names = text._NAMES["train"]
     known = {
         *text.training_vocabulary("en").types,
