@@ -94,6 +94,13 @@ def audio_dir(tmp_path: Path) -> Path:
     return folder
 
 
+def echoed_all_but_the_hangup_race(echoed: int, sent: int) -> bool:
+    """sipp -rtp_echo sent back every packet, except perhaps the last one or two: the BYE follows the
+    last packet at once, and sipp may end the call before its echo thread has read it (seen once in CI:
+    139 of 140 on a loaded machine)."""
+    return sent - 2 <= echoed <= sent
+
+
 def config(uas: SippUas, audio_dir: Path, calls: int, **kw: object) -> ReplayConfig:
     return ReplayConfig(
         target=("127.0.0.1", uas.port),
@@ -119,7 +126,7 @@ async def test_calls_are_set_up_paced_and_torn_down_against_sipp_uas(
     for c in rep.calls:
         assert c.codec == "PCMU" and c.ptime_ms == 20 and c.setup_s is not None and c.setup_s > 0
         assert c.rtp_planned == c.rtp_sent == expected_packets  # every packet of the plan left
-        assert c.rtp_echoed == c.rtp_sent  # ...and sipp received (and echoed) each one
+        assert echoed_all_but_the_hangup_race(c.rtp_echoed, c.rtp_sent)  # ...and sipp echoed them
         assert c.rtp_send_errors == 0 and len(c.utterances) == 2
     assert len({c.sip_call_id for c in rep.calls}) == 3
     assert rep.harness.packets_sent == 3 * expected_packets and rep.harness.sip_parse_errors == 0
@@ -159,7 +166,8 @@ async def test_a_pcma_answer_over_tcp_gets_pcma_packets(
     rep = await run_replay_async(config(uas, audio_dir, 2, transport="tcp"), load_library(audio_dir, 600))
     assert uas.wait() == 0, uas.errors()
     assert rep.summary.completed == 2
-    assert all(c.codec == "PCMA" and c.rtp_echoed == c.rtp_sent == c.rtp_planned for c in rep.calls)
+    assert all(c.codec == "PCMA" and c.rtp_sent == c.rtp_planned for c in rep.calls)
+    assert all(echoed_all_but_the_hangup_race(c.rtp_echoed, c.rtp_sent) for c in rep.calls)
     assert all(c.invite_retransmits == 0 for c in rep.calls)  # TCP: no retransmissions
 
 
