@@ -24,7 +24,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -413,19 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_arguments(parser)
     args = parser.parse_args(argv)
-    sizes = CorpusSizes(
-        args.train,
-        args.dev,
-        args.test,
-        args.uk_share,
-        args.salad_share,
-        args.test_carried,
-        args.train_shards,
-        args.coined_share,
-        args.splice_share,
-        args.perturb_share,
-        args.coined_name_share,
-    )
+    # Every CorpusSizes field has its flag of the same name (add_arguments).
+    sizes = CorpusSizes(**{f.name: getattr(args, f.name) for f in fields(CorpusSizes)})
     if args.only_shard is not None:
         print(build_shard(args.out, sizes, args.seed, args.workers, args.only_shard, args.split), flush=True)
     else:

@@ -32,12 +32,16 @@ from tools.demo_model import corpus
 
 STEPS = ("corpus", "vocab", "filters", "train", "package", "eval")
 PIECES = 255  # + blank = vocab_size 256
-_COMMON = (
+_BASE = (
     "--model-size", "full", "--batch-seconds", "480", "--lr", "1e-3", "--head-lr-scale", "2",
-    "--warmup", "0.02", "--ctc-only-steps", "1000", "--curriculum-steps", "1000",
-    "--lookahead-weights", "3:0.7,0:0.1,6:0.1,13:0.1", "--save-optimizer", "--eval-every-minutes", "3",
+    "--warmup", "0.02", "--lookahead-weights", "3:0.7,0:0.1,6:0.1,13:0.1", "--save-optimizer",
+)  # fmt: skip
+# Session 1 (from scratch): CTC first and the curriculum; session 2 (resumed, past both) evaluated oftener.
+_COMMON = (
+    *_BASE, "--ctc-only-steps", "1000", "--curriculum-steps", "1000", "--eval-every-minutes", "3",
     "--save-every-minutes", "3",
 )  # fmt: skip
+_FINETUNE = (*_BASE, "--eval-every-minutes", "2.5", "--save-every-minutes", "2.5")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +53,6 @@ class Stage:
     test: str | None = None  # set scored beside dev, under --out (default: the carried held-out clips)
 
 
-_FINETUNE = (
-    "--model-size", "full", "--batch-seconds", "480", "--lr", "1e-3", "--head-lr-scale", "2",
-    "--warmup", "0.02", "--lookahead-weights", "3:0.7,0:0.1,6:0.1,13:0.1", "--save-optimizer",
-    "--eval-every-minutes", "2.5", "--save-every-minutes", "2.5",
-)  # fmt: skip
 _NOVEL_DEV = "dev1/dev.npz"  # corpus.NOVEL_DEV_MIX: how the model does off the templates, held-out set unseen
 
 # The runs that produced the shipped model (docs/demo-model.md, "Results"), six calls on the lent H200 in
@@ -75,7 +74,7 @@ SHIPPED_STAGES = (
     # (6 loader workers each); 1e-3 had the lower novel-dev WER (docs, run 8).
     Stage(
         "gpu4",
-        tuple(range(4, 12)),
+        tuple(corpus.VARIED_SHARDS[:8]),  # the shards call 1 built; call 2 built the other eight
         (*_FINETUNE, "--budget-minutes", "7.1", "--schedule-minutes", "47.7", "--workers", "6"),
         _NOVEL_DEV,
     ),
