@@ -51,7 +51,7 @@ from gateway.sip.agent import (
 )
 from gateway.sip.agent import CallEvent as SipCallEvent
 from gateway.sip.auth import DigestConfig
-from gateway.sip.endpoint import SipEndpoint
+from gateway.sip.endpoint import SipEndpoint, TransportConfig
 from gateway.sip.headers import HeaderSyntaxError, parse_sip_uri, unescape, uri_scheme
 from gateway.sip.message import SipRequest
 from gateway.sip.transaction import TimerConfig
@@ -188,7 +188,7 @@ class FrontEndConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     digest: DigestConfig | None = None
     timers: TimerConfig = field(default_factory=TimerConfig)
-    max_tcp_connections: int = 1024
+    transport: TransportConfig = field(default_factory=TransportConfig)
     default_language: str = "en-US"
     lookahead: int | None = None
     language_header: str = "X-Language"
@@ -226,10 +226,13 @@ class FrontEndConfig:
                 invite_rate_per_s=sip.invite_rate,
                 invite_burst=sip.invite_burst,
                 retry_after_s=sip.retry_after_s,
+                auth_max_failures=sip.auth_max_failures,
+                auth_failure_window_s=sip.auth_failure_window_s,
+                auth_ban_s=sip.auth_ban_s,
             ),
             digest=digest,
             timers=TimerConfig(t1=t1, t2=max(4.0, 8 * t1), t4=5.0),
-            max_tcp_connections=sip.max_tcp_connections,
+            transport=TransportConfig.from_settings(sip),
             default_language=settings.asr.language,
             lookahead=settings.asr.lookahead,
             language_header=sip.language_header,
@@ -297,7 +300,7 @@ class TelephonyFrontEnd:
             port=config.sip_port,
             udp="udp" in config.transports,
             tcp="tcp" in config.transports,
-            max_tcp_connections=config.max_tcp_connections,
+            transport=config.transport,
             clock=clock,
         )
         self._calls: dict[str, _Call] = {}

@@ -91,7 +91,17 @@ class SipSettings(BaseModel):
     digest_password: str = Field("", description="Digest auth password")
     digest_realm: str = Field("ttg", description="Digest auth realm")
     digest_algorithms: list[Literal["SHA-256", "MD5"]] = Field(
-        default_factory=lambda: _sip_list("SHA-256", "MD5"), description="Digest algorithms offered, in order"
+        default_factory=lambda: _sip_list("MD5", "SHA-256"),
+        description="Digest challenges, in order (MD5 first: MD5-only clients read only the first)",
+    )
+    auth_max_failures: int = Field(
+        5, ge=0, description="Failed digest authentications from one source that ban it (0 = never ban)"
+    )
+    auth_failure_window_s: float = Field(
+        60.0, gt=0, description="The failures that ban a source must fall within this many seconds"
+    )
+    auth_ban_s: float = Field(
+        600.0, ge=0, description="How long a banned source's requests outside calls are dropped"
     )
     invite_rate: float = Field(
         0.0, ge=0, description="New INVITEs per second per source IP (token bucket); 0 = no limit"
@@ -113,6 +123,18 @@ class SipSettings(BaseModel):
     )
     t1_ms: int = Field(500, ge=10, description="SIP timer T1 (RTT estimate; retransmission base)")
     max_tcp_connections: int = Field(1024, ge=1, description="Concurrent SIP TCP connections")
+    tcp_max_per_source: int = Field(
+        32, ge=1, description="Concurrent SIP TCP connections from one source IP"
+    )
+    tcp_idle_timeout_s: float = Field(
+        300.0, gt=0, description="A SIP TCP connection with nothing received for this long is closed"
+    )
+    tcp_header_timeout_s: float = Field(
+        10.0, gt=0, description="A SIP message begun on TCP must be complete within this (slow senders)"
+    )
+    udp_recv_buffer_bytes: int = Field(
+        4 << 20, ge=0, description="SIP UDP socket receive buffer (bursts; 0 = the OS default)"
+    )
     asr_finish_timeout_s: float = Field(
         10.0, gt=0, description="After hang-up, longest wait for the call's final transcript"
     )

@@ -27,6 +27,12 @@ CALLS = Counter("ttg_calls_total", "Calls by outcome", ["result"])
 SIP_REQUESTS = Counter("ttg_sip_requests_total", "SIP requests received", ["method"])
 SIP_RESPONSES = Counter("ttg_sip_responses_total", "SIP responses sent", ["code"])
 SIP_ERRORS = Counter("ttg_sip_errors_total", "Malformed or rejected SIP messages", ["reason"])
+SIP_AUTH_FAILURES = Counter(
+    "ttg_sip_auth_failures_total", "INVITEs refused (403) for wrong digest credentials"
+)
+SIP_AUTH_BANS = Counter(
+    "ttg_sip_auth_bans_total", "Sources banned after too many failed authentications"
+)
 
 # --- RTP ------------------------------------------------------------------------------------------
 RTP_RECEIVED = Counter("ttg_rtp_packets_received_total", "RTP packets received", ["codec"])
@@ -125,6 +131,12 @@ SIP_ERROR_REASONS = (
     "send_failed",
     "internal",
     "overload",
+    # requests dropped from a source banned for password guessing; TCP connections closed idle, with
+    # a message not completed in time, or refused over the per-source cap
+    "banned",
+    "tcp_idle",
+    "tcp_incomplete",
+    "tcp_source_limit",
 )
 CODECS = ("PCMU", "PCMA")
 # gateway.rtp: parse failures (packet.py), then the receiver's own drops (audio/media.py).

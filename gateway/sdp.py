@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from gateway.sip.headers import is_digits
+
 Direction = Literal["sendrecv", "sendonly", "recvonly", "inactive"]
 Codec = Literal["PCMU", "PCMA"]
 
@@ -304,7 +306,7 @@ def parse_sdp(data: str | bytes) -> SessionDescription:
                 raise SdpParseError(f"line {lineno}: repeated session-level c= line")
             connection = _parse_connection(value, lineno)
         elif kind == "t":
-            if not re.fullmatch(r"\d+ \d+", value):
+            if not re.fullmatch(r"[0-9]+ [0-9]+", value):
                 raise SdpParseError(f"line {lineno}: malformed t= line {value[:40]!r}")
             timing.append(value)
         elif kind == "a":
@@ -363,7 +365,7 @@ def _parse_origin(value: str, lineno: int) -> Origin:
     if len(parts) != 6 or not all(parts):
         raise SdpParseError(f"line {lineno}: o= needs 6 fields, got {value[:60]!r}")
     username, sess_id, sess_version, nettype, addrtype, address = parts
-    if not sess_id.isdigit() or not sess_version.isdigit():
+    if not is_digits(sess_id) or not is_digits(sess_version):
         raise SdpParseError(f"line {lineno}: o= session id and version must be numeric")
     if len(sess_version) > 20:
         raise SdpParseError(f"line {lineno}: o= version too long")
@@ -393,7 +395,7 @@ def _parse_media_line(value: str, lineno: int) -> _MediaBuilder:
     if not _TOKEN.fullmatch(media):
         raise SdpParseError(f"line {lineno}: bad media type {media[:20]!r}")
     port_str, slash, count_str = port_text.partition("/")
-    if not port_str.isdigit() or int(port_str) > 65535 or (slash and not count_str.isdigit()):
+    if not is_digits(port_str) or int(port_str) > 65535 or (slash and not is_digits(count_str)):
         raise SdpParseError(f"line {lineno}: bad port {port_text[:20]!r}")
     port = int(port_str)
     count = int(count_str) if slash else None
@@ -471,7 +473,7 @@ def rtpmaps(m: MediaDescription) -> dict[int, RtpMap]:
     """a=rtpmap:<pt> <encoding>/<clock>[/<channels>] for every payload type that has one."""
     out: dict[int, RtpMap] = {}
     for value in m.attribute_values("rtpmap"):
-        match = re.fullmatch(r"(\d{1,3}) +([^/\s]+)/(\d+)(?:/(\d+))?\s*", value)
+        match = re.fullmatch(r"([0-9]{1,3}) +([^/\s]+)/([0-9]+)(?:/([0-9]+))?\s*", value)
         if match is None:
             continue  # a broken rtpmap only matters if it is for a format we would pick (then: no mapping)
         pt = int(match.group(1))
@@ -562,7 +564,7 @@ def _negotiate_stream(
     codec: Codec | None = None
     pt_audio = pt_dtmf = pt_cn = None
     for fmt in m.formats:
-        if not fmt.isdigit() or int(fmt) > 127:
+        if not is_digits(fmt) or int(fmt) > 127:
             return None, f"format {fmt[:10]!r} is not an RTP payload type"
         pt = int(fmt)
         # Static payload types need no rtpmap (RFC 3551 §6); an explicit rtpmap wins if present.
@@ -600,7 +602,7 @@ def _negotiate_stream(
     rtcp_attr = m.attribute("rtcp")  # RFC 3605: a=rtcp:<port> [IN IP4 <addr>]
     if rtcp_attr is not None and not rtcp_mux:
         head = rtcp_attr.split(" ", 1)[0]
-        if head.isdigit() and 0 < int(head) <= 65535:
+        if is_digits(head) and 0 < int(head) <= 65535:
             rtcp_port = int(head)
 
     direction = offer.direction_of(m)

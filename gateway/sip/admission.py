@@ -9,7 +9,17 @@ Decisions are SIP answers:
   Silence (dropping) would make callers retransmit for 32 s and look like a hang.
 
 The rate limit is a token bucket per source IP (`invite_rate_per_s` sustained, `invite_burst` deep);
-idle buckets are forgotten so the table stays bounded under a spoofed-source flood.
+idle buckets are forgotten so the table stays bounded under a spoofed-source flood. Every initial
+INVITE takes a token before it is authenticated, so a challenge (401) or a refusal (403) costs a
+guesser as much as a call.
+
+Password guessing (RFC 3261 §26.1.4 leaves it to the implementation): `auth_max_failures` failed
+authentications (wrong password, user or a replay: 403) from one source within
+`auth_failure_window_s` ban that source for `auth_ban_s`. While banned, its requests outside a dialog
+are dropped unanswered, as a firewall would (an answer would tell a guesser the ban's state and make
+the gateway a reflector); calls already up are untouched (in-dialog requests and ACKs pass). The
+correct password does not lift a ban, so a dictionary loses its remaining words. Bans and the
+failure history are bounded tables like the rate buckets.
 """
 
 from __future__ import annotations
@@ -30,6 +40,9 @@ class AdmissionConfig:
     invite_burst: int = 10
     retry_after_s: int = 5
     max_tracked_sources: int = 10_000
+    auth_max_failures: int = 5  # failed authentications that ban a source (0 = never ban)
+    auth_failure_window_s: float = 60.0
+    auth_ban_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +67,8 @@ class Admission:
             ipaddress.ip_network(c, strict=False) for c in config.allow_cidrs
         )
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # ip -> (tokens, at)
+        self._failures: OrderedDict[str, list[float]] = OrderedDict()  # ip -> recent failure times
+        self._bans: OrderedDict[str, float] = OrderedDict()  # ip -> banned until
         self.draining = False
 
     def source_allowed(self, ip: str) -> bool:
@@ -65,18 +80,51 @@ class Admission:
             addr = addr.ipv4_mapped
         return any(addr.version == net.version and addr in net for net in self._networks)
 
-    def admit_invite(self, ip: str, active_calls: int, now: float) -> Decision:
-        """An initial INVITE from `ip` while `active_calls` are up. Consumes a rate token when admitted."""
+    def rate_limit(self, ip: str, now: float) -> Decision:
+        """Take a token for an initial INVITE from `ip` (before authentication)."""
         cfg = self.config
-        if self.draining:
-            return Decision(503, "Draining", cfg.retry_after_s, "rejected_draining")
-        if active_calls >= cfg.max_calls:
-            return Decision(503, "Too Many Calls", cfg.retry_after_s, "rejected_capacity")
         if cfg.invite_rate_per_s > 0:
             wait = self._take_token(ip, now)
             if wait > 0:
                 return Decision(503, "Rate Limited", max(1, math.ceil(wait)), "rejected_rate")
         return ADMIT
+
+    def admit_invite(self, active_calls: int) -> Decision:
+        """An initial INVITE that passed every check, while `active_calls` are up."""
+        cfg = self.config
+        if self.draining:
+            return Decision(503, "Draining", cfg.retry_after_s, "rejected_draining")
+        if active_calls >= cfg.max_calls:
+            return Decision(503, "Too Many Calls", cfg.retry_after_s, "rejected_capacity")
+        return ADMIT
+
+    # --- password guessing ---
+
+    def banned(self, ip: str, now: float) -> bool:
+        until = self._bans.get(ip)
+        if until is None:
+            return False
+        if now < until:
+            return True
+        del self._bans[ip]
+        return False
+
+    def auth_failed(self, ip: str, now: float) -> tuple[int, bool]:
+        """Record a failed authentication from `ip`: (failures in the window, whether a ban began)."""
+        cfg = self.config
+        window = [t for t in self._failures.pop(ip, []) if now - t < cfg.auth_failure_window_s]
+        window.append(now)
+        count = len(window)
+        if cfg.auth_max_failures and cfg.auth_ban_s > 0 and count >= cfg.auth_max_failures:
+            self._bans[ip] = now + cfg.auth_ban_s
+            self._bans.move_to_end(ip)
+            while len(self._bans) > cfg.max_tracked_sources:
+                self._bans.popitem(last=False)
+            return count, True
+        self._failures[ip] = window[-max(1, cfg.auth_max_failures) :]
+        while len(self._failures) > cfg.max_tracked_sources:
+            self._failures.popitem(last=False)
+        return count, False
 
     def _take_token(self, ip: str, now: float) -> float:
         """0 when a token was taken, else the seconds until one is available."""

@@ -13,12 +13,18 @@ Each returns a list of effects: `Send(data, flow, dest)` for the adapter to writ
 `CallAckTimeout`, `CallReleased`) for the application. Counters for Prometheus accumulate in
 `counters` and are taken by the adapter (`take_counters()`).
 
-Request processing follows §8.2 in order: source allow-list (403), authentication of initial INVITEs
-(RFC 7616, 401/403), method (405 with Allow, or 501 for methods nobody defined), Request-URI scheme
-(416), To tag without a dialog (481), merged requests (482), Require (420), content (415/406; an
-INVITE without SDP is a delayed offer: our 2xx offers, its ACK answers), then admission (503 +
-Retry-After). Initial INVITEs get 100 Trying at once and become calls identified by a `call_ref`
-(the gateway's call id).
+Request processing follows §8.2 in order: source allow-list (403), a source banned for password
+guessing (dropped outside dialogs, see admission.py), the per-source INVITE rate (503), authentication
+of initial INVITEs (RFC 7616, 401/403; each failure is an `AuthFailure` effect for the log and may ban
+the source), method (405 with Allow, or 501 for methods nobody defined), Request-URI scheme (416), To
+tag without a dialog (481), merged requests (482), Require (420), content (415/406; an INVITE without
+SDP is a delayed offer: our 2xx offers, its ACK answers), then admission (503 + Retry-After; also for
+OPTIONS while draining, so that a proxy's health probe stops sending us calls). Initial INVITEs get
+100 Trying at once and become calls identified by a `call_ref` (the gateway's call id).
+
+Dialogs (§12.1.1): a response that creates one (180 with our tag, the 2xx) copies the INVITE's
+Record-Route values in order, so that the caller's ACK and BYE follow the proxies that asked to stay
+in the path; our BYE carries the route set as Route headers (§12.2.1.1).
 
 Routing (§18.2.2, RFC 3581): responses go to the packet's source IP; to its source port when the top
 Via has `rport` (or over the same TCP connection), else to the Via's sent-by port. In-dialog requests
@@ -39,12 +45,13 @@ from typing import Any
 
 from gateway.sip.admission import Admission, AdmissionConfig, Decision
 from gateway.sip.auth import AuthResult, DigestAuthenticator, DigestConfig
-from gateway.sip.dialog import Dialog, DialogId, DialogState
+from gateway.sip.dialog import Dialog, DialogId, DialogState, record_route_values
 from gateway.sip.headers import (
     HeaderSyntaxError,
     Via,
     make_branch,
     make_tag,
+    parse_credentials,
     parse_via,
     quote,
     split_list,
@@ -196,6 +203,20 @@ class CallReleased:
     status: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class AuthFailure:
+    """Credentials for an INVITE were wrong (403 sent): for the log line fail2ban reads, and metrics.
+
+    `banned_for_s` > 0 when this failure started a ban of the source."""
+
+    source: Address
+    user: str
+    realm: str
+    reason: str
+    failures: int
+    banned_for_s: float = 0.0
+
+
 CallEvent = (
     CallOffered
     | CallCancelled
@@ -206,7 +227,7 @@ CallEvent = (
     | CallAckTimeout
     | CallReleased
 )
-Effect = Send | CallEvent
+Effect = Send | AuthFailure | CallEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,6 +387,9 @@ class UserAgent:
             return [self._stateless(req, flow, 403)]
         if req.method == "ACK":
             return self._on_ack(req, now)
+        if not req.to.tag and self.admission.banned(flow.remote[0], now):
+            self.counters.errors["banned"] += 1
+            return []
         key = server_key(req)
         entry = self._server.get(key)
         if entry is not None:
@@ -389,15 +413,23 @@ class UserAgent:
         self, req: SipRequest, key: tuple[str, ...], entry: _ServerEntry, now: float
     ) -> list[Effect]:
         initial_invite = req.method == "INVITE" and not req.to.tag
+        if initial_invite:
+            # Every initial INVITE takes a rate token, challenged or not (see admission.py).
+            decision = self.admission.rate_limit(entry.flow.remote[0], now)
+            if not decision.admitted:
+                return self._refuse(key, decision, now)
         # §22 / RFC 7616: authenticate initial INVITEs first (§8.2 puts authentication before §8.2.1).
         if initial_invite and self.auth is not None:
-            result = self.auth.verify("INVITE", req.uri, req.headers.get_all("Authorization"), now)
+            authorizations = req.headers.get_all("Authorization")
+            result = self.auth.verify("INVITE", req.uri, authorizations, now)
             if result in (AuthResult.MISSING, AuthResult.STALE):
                 challenges = self.auth.challenges(now, stale=result is AuthResult.STALE)
                 return self._respond(key, 401, now, headers=[("WWW-Authenticate", c) for c in challenges])
             if result is AuthResult.REJECTED:
                 self.counters.calls["rejected_auth"] += 1
-                return self._respond(key, 403, now, warning="bad credentials")
+                effects = self._respond(key, 403, now, warning="bad credentials")
+                effects.append(self._auth_failure(entry.flow, authorizations, now))
+                return effects
         # §8.2.1 method inspection.
         if req.method not in ALLOWED_METHODS:
             status = 405 if req.method in KNOWN_METHODS else 501
@@ -419,6 +451,11 @@ class UserAgent:
         if unsupported := self._unsupported(req, key, now):
             return unsupported
         if req.method == "OPTIONS":
+            if self.admission.draining:
+                # A proxy's health probe (Kamailio dispatcher, OpenSIPS, an SBC) must see that we take
+                # no new calls, or it keeps routing them here only to get 503 each time.
+                retry = [("Retry-After", str(self.config.admission.retry_after_s))]
+                return self._respond(key, 503, now, headers=retry, warning="Draining")
             return self._respond(key, 200, now, headers=self._capabilities())
         assert initial_invite
         refusal = self._check_offer(req)
@@ -427,7 +464,7 @@ class UserAgent:
             if status in (415, 488, 406):
                 self.counters.calls["rejected_codec"] += 1
             return self._respond(key, status, now, headers=headers, warning=warning)
-        decision = self.admission.admit_invite(entry.flow.remote[0], self.active_calls, now)
+        decision = self.admission.admit_invite(self.active_calls)
         if not decision.admitted:
             return self._refuse(key, decision, now)
         return self._offer(req, key, entry, now)
@@ -476,6 +513,19 @@ class UserAgent:
         effects = self._respond(key, 100, now)
         effects.append(CallOffered(ref, req, entry.flow))
         return effects
+
+    def _auth_failure(self, flow: Flow, authorizations: list[str], now: float) -> AuthFailure:
+        user = realm = ""
+        for value in authorizations:
+            try:
+                _, params = parse_credentials(value)
+            except HeaderSyntaxError:
+                continue
+            user, realm = params.get("username", ""), params.get("realm", "")
+            break
+        failures, banned = self.admission.auth_failed(flow.remote[0], now)
+        ban_s = self.config.admission.auth_ban_s if banned else 0.0
+        return AuthFailure(flow.remote, user, realm, "bad credentials", failures, ban_s)
 
     def _refuse(self, key: tuple[str, ...], decision: Decision, now: float) -> list[Effect]:
         self.counters.calls[decision.label] += 1
@@ -592,7 +642,7 @@ class UserAgent:
             self._create_dialog(call)
         assert call.dialog is not None
         call.dialog.apply("provisional")
-        return self._respond(call.invite_key, 180, now, to_tag=call.local_tag)
+        return self._respond(call.invite_key, 180, now, to_tag=call.local_tag, headers=_record_route(call))
 
     def answer(
         self, call_ref: str, sdp: bytes, now: float, *, contact_host: str | None = None
@@ -754,7 +804,11 @@ class UserAgent:
         self._dialogs[call.dialog.id] = call.ref
 
     def _answer_2xx(self, call: _Call, key: tuple[str, ...], sdp: bytes, now: float) -> list[Effect]:
+        # §12.1.1: the 2xx that creates the dialog copies Record-Route (a re-INVITE's 2xx does not: the
+        # route set is fixed when the dialog is created, §12.2).
+        initial = key == call.invite_key
         headers = [
+            *(_record_route(call) if initial else []),
             ("Contact", self._contact(call.flow, call.contact_host)),
             *self._capabilities(accept=False),
             ("Content-Type", "application/sdp"),
@@ -872,6 +926,12 @@ class UserAgent:
         return (flow.remote[0], via.port or 5060)
 
 
+def _record_route(call: _Call) -> list[tuple[str, str]]:
+    """§12.1.1: "the UAS MUST copy all Record-Route header field values from the request into the
+    response ... and MUST maintain the order of those values"."""
+    return [("Record-Route", v) for v in record_route_values(call.invite)]
+
+
 def _host_for_uri(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
@@ -933,4 +993,4 @@ def _raw_response(headers: Headers, status: int, why: str, server: str) -> bytes
     lines.append(f"Server: {server}")
     lines.append(f"Warning: 399 - {quote(why[:200])}")
     lines.append("Content-Length: 0")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "replace")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")

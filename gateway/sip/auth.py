@@ -4,8 +4,18 @@ The gateway is a UAS, so it challenges with 401 + WWW-Authenticate (§22.2). Non
 `base64(timestamp || HMAC-SHA256(secret, timestamp || realm)[:16])`, valid for `nonce_ttl_s`; an
 expired but genuine nonce gets a new challenge with `stale=true` (RFC 7616 §3.3) so the caller retries
 without asking its user. With qop=auth the nonce count must grow per nonce (replay guard; the table of
-seen nonces is bounded). Both SHA-256 and MD5 are offered (SHA-256 first, RFC 8760 §2.4); `-sess`
-variants are accepted. Comparisons are constant-time.
+seen nonces is bounded). `-sess` variants are accepted. Comparisons are constant-time.
+
+Algorithms (RFC 8760): one WWW-Authenticate per algorithm of `algorithms`, in that order, sharing
+one nonce. §2.4 asks UACs to use the topmost challenge they support; many that know only MD5 read
+just the first one and give up when it names SHA-256 (baresip 1.0, sipvicious). So the default order
+is MD5, then SHA-256: every client authenticates, and a SHA-256-only client still finds its
+challenge. The price is that a client supporting both also picks MD5; deployments whose peers all
+speak SHA-256 list it first or alone (TTG_SIP__DIGEST_ALGORITHMS). Either way the password never
+crosses the wire; what MD5 weakens is an offline guess from a captured exchange.
+
+Throttling and bans of guessers live in admission.py; this core only says OK, MISSING, STALE or
+REJECTED.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ class DigestConfig:
     realm: str
     username: str
     password: str
-    algorithms: tuple[str, ...] = ("SHA-256", "MD5")
+    algorithms: tuple[str, ...] = ("MD5", "SHA-256")  # challenge order: see the module docstring
     nonce_ttl_s: float = 300.0
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
@@ -42,7 +52,8 @@ class AuthResult(enum.Enum):
 
 
 def _h(algorithm: str, text: str) -> str:
-    return _HASHES[algorithm](text.encode("utf-8")).hexdigest()
+    # surrogateescape: a user name that was not UTF-8 is hashed as the bytes the client hashed.
+    return _HASHES[algorithm](text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 class DigestAuthenticator:
@@ -141,8 +152,8 @@ class DigestAuthenticator:
             expected = _h(base_alg, f"{ha1}:{p['nonce']}:{nc}:{cnonce}:{qop}:{ha2}")
         else:
             expected = _h(base_alg, f"{ha1}:{p['nonce']}:{ha2}")
-        user_ok = hmac.compare_digest(p["username"].encode(), self.config.username.encode())
-        if not (hmac.compare_digest(p["response"].lower().encode(), expected.encode()) and user_ok):
+        user_ok = hmac.compare_digest(_raw(p["username"]), _raw(self.config.username))
+        if not (hmac.compare_digest(_raw(p["response"].lower()), expected.encode()) and user_ok):
             return AuthResult.REJECTED
         if qop:
             try:
@@ -157,6 +168,10 @@ class DigestAuthenticator:
             while len(self._nc_seen) > self._max_tracked:
                 self._nc_seen.popitem(last=False)
         return AuthResult.OK
+
+
+def _raw(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
 
 
 def authorization_header(

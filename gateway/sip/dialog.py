@@ -11,7 +11,16 @@ import enum
 import secrets
 from dataclasses import dataclass, field
 
-from gateway.sip.headers import CSeq, NameAddr, Via, parse_name_addr, split_list
+from gateway.sip.headers import (
+    CSeq,
+    HeaderSyntaxError,
+    NameAddr,
+    Via,
+    has_param,
+    parse_name_addr,
+    parse_sip_uri,
+    split_list,
+)
 from gateway.sip.message import Headers, SipRequest
 
 
@@ -100,8 +109,13 @@ class Dialog:
         return True
 
     def make_request(self, method: str, via: Via, *, extra: tuple[tuple[str, str], ...] = ()) -> SipRequest:
-        """An in-dialog request from us (§12.2.1.1): Request-URI = remote target, Route = route set."""
+        """An in-dialog request from us (§12.2.1.1). With a loose-routing first hop (its URI has `lr`, as
+        every RFC 3261 proxy's does): Request-URI = remote target, Route = the route set. With a strict
+        router (RFC 2543): Request-URI = the first route, Route = the rest, then the remote target."""
         self.local_seq += 1
+        uri, routes = self.remote_target, self.route_set
+        if routes and not _loose(routes[0]):
+            uri, routes = routes[0][1:-1], (*routes[1:], f"<{self.remote_target}>")
         cseq = CSeq(self.local_seq, method)
         remote = self.remote_uri
         items: list[tuple[str, str]] = [
@@ -112,11 +126,11 @@ class Dialog:
             ("Call-ID", self.call_id),
             ("CSeq", str(cseq)),
         ]
-        items.extend(("Route", r) for r in self.route_set)
+        items.extend(("Route", r) for r in routes)
         items.extend(extra)
         return SipRequest(
             method=method,
-            uri=self.remote_target,
+            uri=uri,
             headers=Headers(tuple(items)),
             body=b"",
             via=(via,),
@@ -129,4 +143,13 @@ class Dialog:
 
 
 def record_route_values(request: SipRequest) -> list[str]:
+    """The request's Record-Route values, one per element, in order, exactly as received."""
     return [p for v in request.headers.get_all("Record-Route") for p in split_list(v)]
+
+
+def _loose(route: str) -> bool:
+    """Whether a route-set entry ("<uri>") names a loose router (§16.12.1.1: the `lr` parameter)."""
+    try:
+        return has_param(parse_sip_uri(route[1:-1]).params, "lr")
+    except HeaderSyntaxError:
+        return True  # not a SIP URI we can read (e.g. tel:): leave the Request-URI alone

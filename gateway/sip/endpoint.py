@@ -8,6 +8,18 @@ so every effect is carried out in one place.
 TCP (RFC 3261 §18.3): messages are framed by Content-Length (`StreamFramer`); a stream that cannot be
 framed any more is closed. CRLFCRLF keep-alives get a CRLF pong (RFC 5626 §4.4.1). A response or BYE
 whose connection has closed goes over a new connection to the source IP (at the Via's sent-by port).
+A connection is closed when nothing arrives on it for `tcp_idle_timeout_s`, or when a message it
+began is not complete within `tcp_header_timeout_s` (a slow sender holding a slot); one source IP may
+hold at most `tcp_max_per_source` of the `max_tcp_connections`, so idle connections from one host
+cannot lock others out. Transports are used through what they do (write, close, is_closing), not
+their class: uvloop's TCPTransport is not an `asyncio.Transport` subclass.
+
+UDP: the socket's receive buffer is raised to `udp_recv_buffer_bytes` (SO_RCVBUFFORCE where the
+process may, else SO_RCVBUF up to the kernel's net.core.rmem_max; the size obtained is logged), so a
+burst of requests waits in the kernel instead of being dropped there while the loop is busy.
+
+Failed authentications (`AuthFailure` effects) are logged one line each, in the form the fail2ban
+filter of ops/fail2ban reads, and counted.
 """
 
 from __future__ import annotations
@@ -17,18 +29,41 @@ import contextlib
 import errno
 import itertools
 import logging
+import socket
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, cast
 
 from gateway import metrics
-from gateway.sip.agent import Address, Effect, Flow, Send, UserAgent
+from gateway.sip.agent import Address, AuthFailure, Effect, Flow, Send, UserAgent
 from gateway.sip.agent import CallEvent as SipCallEvent
 from gateway.sip.message import FramingError, StreamFramer
 
 logger = logging.getLogger(__name__)
 
 TCP_CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class TransportConfig:
+    """Socket-level limits of the SIP endpoint (from TTG_SIP__*; see the module docstring)."""
+
+    max_tcp_connections: int = 1024
+    tcp_max_per_source: int = 32
+    tcp_idle_timeout_s: float = 300.0
+    tcp_header_timeout_s: float = 10.0
+    udp_recv_buffer_bytes: int = 4 << 20
+
+    @classmethod
+    def from_settings(cls, sip: Any) -> TransportConfig:
+        return cls(
+            max_tcp_connections=sip.max_tcp_connections,
+            tcp_max_per_source=sip.tcp_max_per_source,
+            tcp_idle_timeout_s=sip.tcp_idle_timeout_s,
+            tcp_header_timeout_s=sip.tcp_header_timeout_s,
+            udp_recv_buffer_bytes=sip.udp_recv_buffer_bytes,
+        )
 
 
 class SipApplication(Protocol):
@@ -49,30 +84,43 @@ class _Udp(asyncio.DatagramProtocol):
 
 
 class _TcpConnection(asyncio.Protocol):
-    def __init__(self, endpoint: SipEndpoint, conn_id: int) -> None:
+    def __init__(self, endpoint: SipEndpoint, conn_id: int, *, outbound: bool = False) -> None:
         self.endpoint = endpoint
         self.conn_id = conn_id
+        self.outbound = outbound
         self.framer = StreamFramer()
         self.transport: asyncio.Transport | None = None
         self.peer: Address = ("", 0)
+        self.last_rx = 0.0
+        self.partial_since: float | None = None  # when the message still being received began
+        self.registered = False
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # Any stream transport will do (uvloop's is not an asyncio.Transport subclass).
+        self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = (str(peer[0]), int(peer[1])) if peer else ("", 0)
+        self.last_rx = self.endpoint.now()
         if not self.endpoint._register(self):
             transport.close()
+            return
+        self._arm()
 
     def data_received(self, data: bytes) -> None:
+        now = self.endpoint.now()
+        self.last_rx = now
         try:
             messages = self.framer.feed(data)
         except FramingError as e:
             metrics.SIP_ERRORS.labels("framing").inc()
             logger.info("closing SIP TCP connection from %s:%s: %s", *self.peer, e)
-            if self.transport is not None:
-                self.transport.close()
+            self.close()
             return
+        if self.framer.buffered == 0:
+            self.partial_since = None
+        elif messages or self.partial_since is None:
+            self.partial_since = now  # a new message began
         for message in messages:
             if message == b"\r\n\r\n":
                 if self.transport is not None:
@@ -81,7 +129,48 @@ class _TcpConnection(asyncio.Protocol):
             self.endpoint.receive(message, Flow("tcp", self.peer, self.conn_id))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.endpoint._unregister(self)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    # One lazy timer per connection: it fires at the earliest possible expiry and re-arms itself when
+    # data came in meanwhile, so receiving costs no timer churn.
+
+    def _deadline(self) -> float:
+        cfg = self.endpoint.transport_config
+        at = self.last_rx + cfg.tcp_idle_timeout_s
+        if self.partial_since is not None:
+            at = min(at, self.partial_since + cfg.tcp_header_timeout_s)
+        return at
+
+    def _arm(self) -> None:
+        loop = self.endpoint._loop
+        if loop is None:
+            return
+        delay = max(0.0, self._deadline() - self.endpoint.now())
+        self._timer = loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        now = self.endpoint.now()
+        if now < self._deadline():
+            self._arm()
+            return
+        partial = self.partial_since is not None and now >= self.partial_since + (
+            self.endpoint.transport_config.tcp_header_timeout_s
+        )
+        reason = "tcp_incomplete" if partial else "tcp_idle"
+        metrics.SIP_ERRORS.labels(reason).inc()
+        logger.info(
+            "closing SIP TCP connection from %s:%s: %s", *self.peer,
+            "a message was not completed in time" if partial else "idle",
+        )  # fmt: skip
+        self.close()
 
     def write(self, data: bytes) -> bool:
         if self.transport is None or self.transport.is_closing():
@@ -102,7 +191,7 @@ class SipEndpoint:
         port: int,
         udp: bool = True,
         tcp: bool = True,
-        max_tcp_connections: int = 1024,
+        transport: TransportConfig | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.agent = agent
@@ -111,7 +200,8 @@ class SipEndpoint:
         self.port = port
         self._want_udp = udp
         self._want_tcp = tcp
-        self._max_tcp = max_tcp_connections
+        self.transport_config = transport or TransportConfig()
+        self._per_source: Counter[str] = Counter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clock = clock
         self._udp: asyncio.DatagramTransport | None = None
@@ -134,11 +224,14 @@ class SipEndpoint:
         for attempt in range(8 if ephemeral and self._want_udp and self._want_tcp else 1):
             self.port = requested
             if self._want_udp:
-                transport, _ = await self._loop.create_datagram_endpoint(
-                    lambda: _Udp(self), local_addr=(self.host, self.port)
-                )
+                sock = _udp_socket(self.host, self.port, self.transport_config.udp_recv_buffer_bytes)
+                try:
+                    transport, _ = await self._loop.create_datagram_endpoint(lambda: _Udp(self), sock=sock)
+                except BaseException:
+                    sock.close()
+                    raise
                 self._udp = transport
-                self.port = int(transport.get_extra_info("sockname")[1])
+                self.port = int(sock.getsockname()[1])
             if not self._want_tcp:
                 break
             try:
@@ -181,8 +274,7 @@ class SipEndpoint:
                 await self._tcp_server.wait_closed()
             self._tcp_server = None
         for conn in list(self._conns.values()):
-            if conn.transport is not None:
-                conn.transport.close()
+            conn.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -241,6 +333,8 @@ class SipEndpoint:
         for effect in effects:
             if isinstance(effect, Send):
                 self._send(effect)
+            elif isinstance(effect, AuthFailure):
+                _log_auth_failure(effect)
             else:
                 try:
                     self.app.on_sip_event(effect)
@@ -272,7 +366,9 @@ class SipEndpoint:
         assert self._loop is not None
         try:
             _, proto = await asyncio.wait_for(
-                self._loop.create_connection(lambda: _TcpConnection(self, next(self._ids)), dest[0], dest[1]),
+                self._loop.create_connection(
+                    lambda: _TcpConnection(self, next(self._ids), outbound=True), dest[0], dest[1]
+                ),
                 TCP_CONNECT_TIMEOUT_S,
             )
         except (OSError, TimeoutError) as e:
@@ -324,14 +420,30 @@ class SipEndpoint:
     # --- TCP bookkeeping ---
 
     def _register(self, conn: _TcpConnection) -> bool:
-        if len(self._conns) >= self._max_tcp or self._closed:
+        cfg = self.transport_config
+        if self._closed:
+            return False
+        if len(self._conns) >= cfg.max_tcp_connections:
             metrics.SIP_ERRORS.labels("tcp_limit").inc()
             return False
+        ip = conn.peer[0]
+        if not conn.outbound and self._per_source[ip] >= cfg.tcp_max_per_source:
+            metrics.SIP_ERRORS.labels("tcp_source_limit").inc()
+            if self._per_source[ip] == cfg.tcp_max_per_source:
+                logger.info("SIP TCP: %s holds %d connections (the per-source cap): refusing more", ip,
+                            cfg.tcp_max_per_source)  # fmt: skip
+            return False
         self._conns[conn.conn_id] = conn
+        self._per_source[ip] += 1
+        conn.registered = True
         return True
 
     def _unregister(self, conn: _TcpConnection) -> None:
-        self._conns.pop(conn.conn_id, None)
+        if self._conns.pop(conn.conn_id, None) is not None and conn.registered:
+            ip = conn.peer[0]
+            self._per_source[ip] -= 1
+            if self._per_source[ip] <= 0:
+                del self._per_source[ip]
         for dest, c in list(self._outbound.items()):
             if c is conn:
                 del self._outbound[dest]
@@ -339,3 +451,62 @@ class SipEndpoint:
     @property
     def tcp_connections(self) -> int:
         return len(self._conns)
+
+
+def _udp_socket(host: str, port: int, recv_buffer: int) -> socket.socket:
+    """The SIP UDP socket, bound, with its receive buffer raised (see the module docstring)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
+    family, socktype, proto, _, sockaddr = infos[0]
+    sock = socket.socket(family, socktype, proto)
+    try:
+        sock.setblocking(False)
+        if recv_buffer > 0:
+            _raise_recv_buffer(sock, recv_buffer)
+        sock.bind(sockaddr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _raise_recv_buffer(sock: socket.socket, wanted: int) -> int:
+    before = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    force = getattr(socket, "SO_RCVBUFFORCE", None)  # Linux, with CAP_NET_ADMIN: past rmem_max
+    try:
+        if force is None:
+            raise PermissionError
+        sock.setsockopt(socket.SOL_SOCKET, force, wanted)
+    except OSError:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, wanted)
+    got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    # Linux reports twice the size asked for (the kernel's bookkeeping share); others report it as is.
+    if got < wanted:
+        logger.warning(
+            "SIP UDP receive buffer is %d bytes, not the %d asked for (TTG_SIP__UDP_RECV_BUFFER_BYTES): "
+            "raise the kernel's limit (Linux: sysctl net.core.rmem_max=%d) to absorb request bursts",
+            got, wanted, wanted,
+        )  # fmt: skip
+    else:
+        logger.info("SIP UDP receive buffer %d bytes (was %d)", got, before)
+    return got
+
+
+def _printable(text: str, limit: int = 64) -> str:
+    """A peer-chosen string for a log line: quoted, escaped, cut (no line breaks, no terminal codes)."""
+    return ascii(text[:limit])[1:-1].replace('"', "\\x22")
+
+
+def _log_auth_failure(f: AuthFailure) -> None:
+    # One line per failure, stable for ops/fail2ban/filter.d/ttg-sip.conf: keep the "source=IP:PORT".
+    metrics.SIP_AUTH_FAILURES.inc()
+    logger.warning(
+        'SIP auth failed: source=%s:%d user="%s" realm="%s" reason="%s" failures=%d',
+        f.source[0], f.source[1], _printable(f.user), _printable(f.realm), f.reason, f.failures,
+    )  # fmt: skip
+    if f.banned_for_s > 0:
+        metrics.SIP_AUTH_BANS.inc()
+        logger.warning(
+            "SIP source %s banned for %.0f s after %d failed authentications: its requests outside "
+            "calls are dropped", f.source[0], f.banned_for_s, f.failures,
+        )  # fmt: skip

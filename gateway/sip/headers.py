@@ -30,11 +30,18 @@ class HeaderSyntaxError(ValueError):
 _TOKEN_RE = re.compile(r"[A-Za-z0-9\-.!%*_+`'~]+")
 _HOST_RE = re.compile(r"[A-Za-z0-9.\-]+")
 _SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+\-.]*):")
-_BAD_URI_RE = re.compile(r'[<>"\s\x00-\x1f\x7f\\^{}|]')
+# Lone surrogates stand for bytes that were not UTF-8 (message.py decodes with surrogateescape).
+_BAD_URI_RE = re.compile(r'[<>"\s\x00-\x1f\x7f\\^{}|\ud800-\udfff]')
 
 
 def is_token(text: str) -> bool:
     return _TOKEN_RE.fullmatch(text) is not None
+
+
+def is_digits(text: str) -> bool:
+    """1*DIGIT of RFC 5234 (ASCII 0-9 only): `str.isdigit` also takes "²" or "٣", which `int()` refuses
+    or reads as another number, so every numeric field of SIP and SDP is checked with this."""
+    return text.isascii() and text.isdigit()
 
 
 def make_tag() -> str:
@@ -251,7 +258,7 @@ def _host(sc: _Scanner) -> str:
 
 
 def _port(text: str) -> int:
-    if not text.isdigit() or len(text) > 5 or int(text) > 65535:
+    if not is_digits(text) or len(text) > 5 or int(text) > 65535:
         raise HeaderSyntaxError(f"bad port {text!r}")
     return int(text)
 
@@ -317,7 +324,7 @@ def parse_via(value: str) -> list[Via]:
         if sc.accept(":"):
             sc.skip_ws()
             j = sc.i
-            while j < sc.n and sc.s[j].isdigit():
+            while j < sc.n and "0" <= sc.s[j] <= "9":
                 j += 1
             port = _port(sc.s[sc.i : j])
             sc.i = j
@@ -392,7 +399,10 @@ def uri_scheme(text: str) -> str:
 def check_uri_chars(text: str) -> None:
     bad = _BAD_URI_RE.search(text)
     if bad is not None:
-        raise HeaderSyntaxError(f"character {bad.group()!r} not allowed in a URI")
+        c = bad.group()
+        stray = "\udc80" <= c <= "\udcff"  # a byte that was not UTF-8
+        what = f"byte 0x{ord(c) - 0xDC00:02x} (not UTF-8)" if stray else f"character {c!r}"
+        raise HeaderSyntaxError(f"{what} not allowed in a URI")
     if "%" in text:
         i = text.find("%")
         while i >= 0:
@@ -429,7 +439,7 @@ def parse_sip_uri(text: str) -> SipUri:
     port: int | None = None
     if sc.accept(":"):
         j = sc.i
-        while j < sc.n and sc.s[j].isdigit():
+        while j < sc.n and "0" <= sc.s[j] <= "9":
             j += 1
         port = _port(sc.s[sc.i : j])
         sc.i = j
@@ -540,7 +550,7 @@ class CSeq:
 
 def parse_cseq(value: str) -> CSeq:
     parts = value.split()
-    if len(parts) != 2 or not parts[0].isdigit() or not is_token(parts[1]):
+    if len(parts) != 2 or not is_digits(parts[0]) or not is_token(parts[1]):
         raise HeaderSyntaxError("CSeq must be '<number> <method>'")
     if len(parts[0]) > 12 or int(parts[0]) > CSEQ_MAX:
         raise HeaderSyntaxError("CSeq number out of range (must be < 2**31)")

@@ -22,6 +22,7 @@ from gateway.sip.headers import (
     NameAddr,
     Via,
     check_uri_chars,
+    is_digits,
     is_token,
     parse_cseq,
     parse_name_addr,
@@ -74,10 +75,10 @@ SINGLE_INSTANCE = ("call-id", "cseq", "from", "to", "max-forwards", "content-len
 
 # Date: rfc1123-date with the literal "GMT" (§20.17; RFC 4475 baddate uses "EST").
 _DATE_RE = re.compile(
-    r"^(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d{2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4} "
-    r"\d{2}:\d{2}:\d{2} GMT$"
+    r"^(Mon|Tue|Wed|Thu|Fri|Sat|Sun), [0-9]{2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [0-9]{4} "
+    r"[0-9]{2}:[0-9]{2}:[0-9]{2} GMT$"
 )
-_VERSION_RE = re.compile(r"^SIP/(\d+)\.(\d+)$", re.IGNORECASE)
+_VERSION_RE = re.compile(r"^SIP/([0-9]+)\.([0-9]+)$", re.IGNORECASE)
 
 
 def canonical_name(name: str) -> str:
@@ -205,7 +206,7 @@ def parse_content_length(headers: Headers) -> int | None:
     if len(values) > 1:
         raise SipParseError("repeated Content-Length", headers=headers)
     text = values[0].strip()
-    if not text.isdigit() or len(text) > 9:
+    if not is_digits(text) or len(text) > 9:
         raise SipParseError(f"bad Content-Length {text[:20]!r}", headers=headers)
     return int(text)
 
@@ -281,7 +282,7 @@ def _check_request_fields(method: str, headers: Headers, cseq: CSeq) -> int | No
     if mf is not None:
         text = mf.strip()
         # Max-Forwards = 1*DIGIT, 0-255 (RFC 4475 scalar02 sends 300).
-        if not text.isdigit() or len(text) > 10 or int(text) > 255:
+        if not is_digits(text) or len(text) > 10 or int(text) > 255:
             raise SipParseError("Max-Forwards out of range", headers=headers, method=method)
         max_forwards = int(text)
     for value in headers.values("Contact"):
@@ -299,7 +300,7 @@ def _check_request_fields(method: str, headers: Headers, cseq: CSeq) -> int | No
     if date is not None and not _DATE_RE.match(date.strip()):
         raise SipParseError("Date must be an RFC 1123 date in GMT", headers=headers, method=method)
     expires = headers.get("Expires")
-    if expires is not None and (not expires.strip().isdigit() or len(expires.strip()) > 10):
+    if expires is not None and (not is_digits(expires.strip()) or len(expires.strip()) > 10):
         raise SipParseError("bad Expires", headers=headers, method=method)
     return max_forwards
 
@@ -354,10 +355,15 @@ def parse_message(data: bytes, *, stream: bool = False) -> SipMessage:
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError:
-        kind = "binary" if not _looks_textual(head[:64]) else "malformed"
-        raise SipParseError(
-            "header section is not UTF-8", kind=kind, headers=_salvage(head.decode("utf-8", "replace"))
-        ) from None
+        if _has_controls(head[:64]):
+            raise SipParseError(
+                "header section is not text", kind="binary", headers=_salvage(head.decode("utf-8", "replace"))
+            ) from None
+        # Text that is not UTF-8 (an ISO-8859-1 display name, "Jürgen"): RFC 3261 §7.3.1 asks for
+        # UTF-8, but the message is still routable and answerable. The stray bytes become lone
+        # surrogates: kept byte for byte when a header is echoed (serialize uses surrogateescape),
+        # refused where the grammar is ASCII (URIs, tokens: 400 naming the header).
+        text = head.decode("utf-8", "surrogateescape")
     lines = _header_lines(text)
     start_line = lines[0]
     is_request = not start_line.startswith("SIP/")
@@ -382,7 +388,7 @@ def parse_message(data: bytes, *, stream: bool = False) -> SipMessage:
             if len(status_parts) < 2 or status_parts[0].upper() != "SIP/2.0":
                 raise SipParseError("malformed Status-Line")
             code = status_parts[1]
-            if len(code) != 3 or not code.isdigit() or not 100 <= int(code) <= 699:
+            if len(code) != 3 or not is_digits(code) or not 100 <= int(code) <= 699:
                 raise SipParseError("bad status code")
         if len(data) - body_start > MAX_BODY_BYTES and not stream:
             raise SipParseError("body too large", status=513, kind="too_large")
@@ -416,9 +422,13 @@ def parse_message(data: bytes, *, stream: bool = False) -> SipMessage:
         raise
 
 
+def _has_controls(sample: bytes) -> bool:
+    return any((b < 32 and b not in (9, 10, 13)) or b == 127 for b in sample)
+
+
 def _looks_textual(sample: bytes) -> bool:
     """Printable UTF-8 (a cut multi-byte sequence at the end is fine): text, else binary junk."""
-    if not sample or any((b < 32 and b not in (9, 10, 13)) or b == 127 for b in sample):
+    if not sample or _has_controls(sample):
         return False
     try:
         sample.decode("utf-8")
@@ -445,7 +455,8 @@ def _serialize(start_line: str, headers: Headers, body: bytes) -> bytes:
     lines = [start_line]
     lines.extend(f"{k}: {v}" for k, v in headers.items if k.lower() != "content-length")
     lines.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + body
+    # surrogateescape: header bytes that were not UTF-8 go back out exactly as they came (see parse).
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape") + body
 
 
 def serialize(message: SipMessage) -> bytes:
@@ -477,6 +488,9 @@ class StreamFramer:
         self._buf = bytearray()
         self._max_header = max_header_bytes
         self._max_body = max_body_bytes
+        # Where the search for the end of the header section resumes: a peer sending its header a byte
+        # at a time must not make every byte rescan the whole buffer (quadratic CPU per connection).
+        self._scanned = 0
 
     def feed(self, data: bytes) -> list[bytes]:
         self._buf += data
@@ -485,19 +499,22 @@ class StreamFramer:
             # Leading CRLFs: a double CRLF is a keep-alive ping; a lone CRLF is ignored (§7.5).
             if self._buf.startswith(b"\r\n\r\n"):
                 del self._buf[:4]
+                self._scanned = 0
                 out.append(b"\r\n\r\n")
                 continue
             if self._buf in (b"\r\n", b"\r", b"\n"):
                 return out
             if self._buf.startswith(b"\r\n") and not self._buf.startswith(b"\r\n\r"):
                 del self._buf[:2]
+                self._scanned = 0
                 continue
             if not self._buf:
                 return out
-            bounds = find_header_end(self._buf)
+            bounds = find_header_end(self._buf, self._scanned)
             if bounds is None:
                 if len(self._buf) > self._max_header:
                     raise FramingError("header section too large")
+                self._scanned = max(0, len(self._buf) - 3)  # a terminator may straddle two reads
                 return out
             head_end, body_start = bounds
             if head_end > self._max_header:
@@ -509,6 +526,7 @@ class StreamFramer:
                 return out
             out.append(bytes(self._buf[: body_start + length]))
             del self._buf[: body_start + length]
+            self._scanned = 0
 
     @staticmethod
     def _content_length(head: bytes) -> int:
@@ -517,7 +535,7 @@ class StreamFramer:
             name, colon, value = line.partition(b":")
             if colon and name.strip().lower() in (b"content-length", b"l"):
                 lengths.append(value.strip().decode("latin-1"))
-        if len(lengths) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 9:
+        if len(lengths) != 1 or not is_digits(lengths[0]) or len(lengths[0]) > 9:
             raise FramingError("a stream message needs exactly one valid Content-Length")
         return int(lengths[0])
 

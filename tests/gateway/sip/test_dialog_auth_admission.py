@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -142,9 +143,14 @@ def test_digest_expired_nonce_is_stale_and_foreign_nonce_is_missing() -> None:
     assert "stale=true" in auth.challenges(1.0, stale=True)[0]
 
 
-def test_digest_challenges_offer_sha256_before_md5() -> None:
+def test_digest_challenges_put_md5_first_by_default_and_follow_the_configured_order() -> None:
+    """MD5-only clients read the first challenge (RFC 8760 §2.4 ordering is the server's choice)."""
     values = DigestAuthenticator(CFG).challenges(0.0)
-    assert [parse_credentials(v)[1]["algorithm"] for v in values] == ["SHA-256", "MD5"]
+    assert [parse_credentials(v)[1]["algorithm"] for v in values] == ["MD5", "SHA-256"]
+    nonces = {parse_credentials(v)[1]["nonce"] for v in values}
+    assert len(nonces) == 1
+    sha_first = DigestAuthenticator(replace(CFG, algorithms=("SHA-256", "MD5"))).challenges(0.0)
+    assert [parse_credentials(v)[1]["algorithm"] for v in sha_first] == ["SHA-256", "MD5"]
 
 
 # --- admission ------------------------------------------------------------------------------------
@@ -162,25 +168,25 @@ def test_allow_list_by_cidr_v4_v6_and_mapped() -> None:
 
 def test_max_calls_and_draining_give_503_with_retry_after() -> None:
     adm = Admission(AdmissionConfig(max_calls=2, retry_after_s=7))
-    assert adm.admit_invite("127.0.0.1", 1, 0.0).admitted
-    full = adm.admit_invite("127.0.0.1", 2, 0.0)
+    assert adm.admit_invite(1).admitted
+    full = adm.admit_invite(2)
     assert (full.status, full.retry_after_s, full.label) == (503, 7, "rejected_capacity")
     adm.draining = True
-    assert adm.admit_invite("127.0.0.1", 0, 0.0).label == "rejected_draining"
+    assert adm.admit_invite(0).label == "rejected_draining"
 
 
 def test_rate_limit_is_a_token_bucket_per_source() -> None:
     adm = Admission(AdmissionConfig(invite_rate_per_s=2.0, invite_burst=3))
-    assert all(adm.admit_invite("10.0.0.1", 0, 0.0).admitted for _ in range(3))
-    limited = adm.admit_invite("10.0.0.1", 0, 0.0)
+    assert all(adm.rate_limit("10.0.0.1", 0.0).admitted for _ in range(3))
+    limited = adm.rate_limit("10.0.0.1", 0.0)
     assert (limited.status, limited.label, limited.retry_after_s) == (503, "rejected_rate", 1)
-    assert adm.admit_invite("10.0.0.2", 0, 0.0).admitted  # another source has its own bucket
-    assert adm.admit_invite("10.0.0.1", 0, 0.6).admitted  # refilled 1.2 tokens
-    assert not adm.admit_invite("10.0.0.1", 0, 0.6).admitted
+    assert adm.rate_limit("10.0.0.2", 0.0).admitted  # another source has its own bucket
+    assert adm.rate_limit("10.0.0.1", 0.6).admitted  # refilled 1.2 tokens
+    assert not adm.rate_limit("10.0.0.1", 0.6).admitted
 
 
 def test_rate_limit_table_stays_bounded() -> None:
     adm = Admission(AdmissionConfig(invite_rate_per_s=1.0, max_tracked_sources=100))
     for i in range(1000):
-        adm.admit_invite(f"10.0.{i // 250}.{i % 250}", 0, float(i))
+        adm.rate_limit(f"10.0.{i // 250}.{i % 250}", float(i))
     assert len(adm._buckets) == 100
