@@ -17,9 +17,10 @@ Theory of operation (the invariants the tests check):
    lands at `timestamp + offset`; a jump forward (loss, DTX without CN, the time a DTMF key was held, a
    CN period) is filled with silence, capped at `max_gap_ms`. An in-order packet whose timestamp falls
    behind what was already emitted (an idle-fill overshoot, a timestamp reset) re-anchors the offset so
-   no audio is dropped. Both count as `timeline_adjustments` when they change the mapping. Silence is
-   also never inserted beyond `max_gap_ms` ahead of the wall clock since the first audio packet, so a
-   source whose timestamps race ahead cannot make the ASR transcribe hours of silence per second.
+   no audio is dropped. Both count as `timeline_adjustments` when they change the mapping. Nothing
+   (silence for a gap, an RFC 4733 event's place and extent, the idle-fill anchor) ever lands beyond
+   `max_gap_ms` ahead of the wall clock since the first media packet, so a source whose timestamps
+   race ahead (audio, CN or DTMF) cannot make the ASR transcribe hours of silence per second.
 3. A new SSRC (or an RFC 3550 A.1 sequence restart) starts a new source once two of its packets came in
    sequence (A.1's MIN_SEQUENTIAL; a lone packet of another SSRC is a straggler, counted late, or a
    stray, counted invalid): the old source is flushed, and the new one's first packet lands where the
@@ -36,7 +37,16 @@ Theory of operation (the invariants the tests check):
 7. Symmetric RTP latching (RFC 4961): the first valid RTP packet (parsed, negotiated payload type) fixes
    the remote address; datagrams from anywhere else are dropped as `wrong_source`. The latch moves only
    (a) after `update()` with a different remote address (re-INVITE), or (b) when the latched source has
-   been silent for `relatch_after_s` (0 disables) and a valid packet comes from elsewhere.
+   been silent for `relatch_after_s` (0 disables) and a valid packet from elsewhere *continues the
+   stream*: the current SSRC, its sequence number ahead by less than MAX_DROPOUT (RFC 3550 A.1). That is
+   what a NAT rebinding looks like (the same sender, a new public port), and what an off-path third
+   party cannot produce: it sees neither the 32-bit SSRC nor the sequence. A new SSRC from a new
+   address never takes over without signalling. The trade-off: a peer that moves *and* restarts its
+   stream without a re-INVITE (RFC 3550 §8.2 asks a sender that changes its transport address to pick
+   a new SSRC) is not followed; its audio is counted `wrong_source` and the call ends by the
+   inactivity timeout, visibly, instead of being silently replaced by whoever sends next.
+   Keep-alives are not media: STUN (RFC 7983 demux, RFC 6263) from the latched host counts as liveness
+   like RTCP, and reduced-size RTCP (APP, SDES alone) is valid RTCP.
 8. Inactivity: no valid RTP/RTCP for `inactivity_timeout_s` → one `MediaTimeout`. While on hold
    (sendonly/inactive/recvonly offer or c=0.0.0.0) `hold_timeout_s` applies instead (0 = never).
 """
@@ -56,7 +66,7 @@ from numpy.typing import NDArray
 from gateway.audio.pipeline import SAMPLES_PER_MS, AudioBlock, AudioPipeline
 from gateway.rtp.dtmf import DtmfDecoder, DtmfEvent, TelephoneEvent
 from gateway.rtp.jitter_buffer import DUPLICATE, LATE, JitterBuffer
-from gateway.rtp.packet import RtpParseError, parse_rtcp, parse_rtp
+from gateway.rtp.packet import RtpParseError, is_stun, parse_rtcp, parse_rtp
 from gateway.rtp.seq import MAX_DROPOUT, MAX_MISORDER, SEQ_MOD, Unwrapper
 from gateway.rtp.stats import JitterEstimator, MediaStats
 from gateway.sdp import MediaPlan
@@ -187,7 +197,7 @@ class MediaCore:
         # Idle fill anchor: timeline position known to be covered, and when its packet arrived.
         self._anchor_pos = 0
         self._anchor_time: float | None = None
-        self._started_at: float | None = None  # arrival of the first audio packet
+        self._started_at: float | None = None  # arrival of the first media packet (audio, CN or DTMF)
 
         # Counters.
         self.packets_received = 0
@@ -200,6 +210,7 @@ class MediaCore:
         self.timeline_adjustments = 0
         self.dtmf_events = 0
         self.rtcp_packets = 0
+        self.keepalives = 0  # STUN binding requests/indications (RFC 6263 keep-alives)
         self.concealed = 0
         self.cn_level: int | None = None
         self._first_packet_at: float | None = None
@@ -213,6 +224,8 @@ class MediaCore:
             return self.rtcp_datagram(data, addr, now)  # RFC 5761 §4 demux (rtcp-mux)
         if self._closed:
             return _NO_EVENTS
+        if data[:1] < b"\x04" and is_stun(data):
+            return self._keepalive(addr, now)
         if len(data) > 12 and data[0] == 0x80:
             # Fast path for the common header (V=2, no padding, extension or CSRCs): 1 µs cheaper.
             b1 = data[1]
@@ -230,7 +243,7 @@ class MediaCore:
         if kind is None:
             self._count_invalid("unknown_pt")
             return _NO_EVENTS
-        if addr != self._latched and not self._latch(addr, now):
+        if addr != self._latched and not self._latch(addr, ssrc, seq, now):
             self._count_invalid("wrong_source")
             return _NO_EVENTS
         self._last_from_source = now
@@ -296,6 +309,8 @@ class MediaCore:
         return self._take()
 
     def rtcp_datagram(self, data: bytes, addr: tuple[str, int], now: float) -> Sequence[MediaEvent]:
+        if data[:1] < b"\x04" and is_stun(data):
+            return self._keepalive(addr, now)
         try:
             parse_rtcp(data)
         except RtpParseError as exc:
@@ -443,17 +458,30 @@ class MediaCore:
     def _timeout(self) -> float:
         return self.config.hold_timeout_s if self._holding else self.config.inactivity_timeout_s
 
-    def _latch(self, addr: tuple[str, int], now: float) -> bool:
+    def _latch(self, addr: tuple[str, int], ssrc: int, seq: int, now: float) -> bool:
+        """Rule 7: the first valid packet latches; later only the same stream, moved, after a silence."""
         if self._latched is None:
             logger.debug("RTP latched to %s:%d", addr[0], addr[1])
             self._latched = addr
             return True
         relatch = self.config.relatch_after_s
-        if relatch and now - self._last_from_source >= relatch:
-            logger.info("RTP source %s silent for %.1fs: re-latching to %s", self._latched, relatch, addr)
-            self._latched = addr
-            return True
-        return False
+        if not relatch or now - self._last_from_source < relatch:
+            return False
+        if ssrc != self._ssrc or not 0 < (seq - self._max_seq) & 0xFFFF < MAX_DROPOUT:
+            return False
+        logger.info(
+            "RTP stream %08x silent for %.1f s continues from %s:%d: re-latching from %s:%d",
+            ssrc, now - self._last_from_source, *addr, *self._latched,
+        )  # fmt: skip
+        self._latched = addr
+        return True
+
+    def _keepalive(self, addr: tuple[str, int], now: float) -> Sequence[MediaEvent]:
+        """A STUN keep-alive: not media, not invalid; from the latched host it shows the peer is there."""
+        self.keepalives += 1
+        if self._latched is not None and addr[0] == self._latched[0]:
+            self._last_activity = now
+        return _NO_EVENTS
 
     def _count_invalid(self, reason: str) -> None:
         self.invalid[reason] = self.invalid.get(reason, 0) + 1
@@ -543,12 +571,16 @@ class MediaCore:
                 except ValueError:
                     self._count_invalid("bad_dtmf")
                     continue
-                # An event's place is bounded like any timestamp jump (a bogus timestamp must not make
-                # close() append hours of silence).
-                pos = min(max(pos, 0), pipeline.position + self._max_gap)
+                if self._started_at is None:
+                    self._started_at = arrival
+                # An event's place and extent are bounded like any timestamp jump, and by the wall clock
+                # (rule 2): event timestamps racing ahead must not pull the idle fill, or close(), past
+                # real time, whatever the number of events.
+                limit = min(pipeline.position + self._max_gap, self._wall_limit(arrival))
+                pos = min(max(pos, 0), limit)
                 for ev in self._dtmf.packet(ext_ts, pos, tev, now):
                     self._emit_dtmf(ev)
-                end = min(pos + tev.duration, pipeline.position + self._max_gap)
+                end = min(pos + tev.duration, limit)
                 if end > self._dtmf_extent:
                     self._dtmf_extent = end
                 self._anchor_pos = max(self._anchor_pos, end)
@@ -564,8 +596,7 @@ class MediaCore:
             # of the clock since the first packet: timestamps racing ahead cannot flood the ASR.
             if self._started_at is None:
                 self._started_at = arrival
-            ahead = position - int((arrival - self._started_at) * CLOCK_RATE)
-            allowed = max(0, min(self._max_gap, self._max_gap - ahead))
+            allowed = max(0, min(self._max_gap, self._wall_limit(arrival) - position))
             if gap > allowed:
                 self._offset -= gap - allowed
                 gap = allowed
@@ -575,6 +606,11 @@ class MediaCore:
         elif gap < 0:
             self._offset -= gap
             self.timeline_adjustments += 1
+
+    def _wall_limit(self, arrival: float) -> int:
+        """The furthest timeline position media arriving at `arrival` may reach (rule 2)."""
+        assert self._started_at is not None
+        return int((arrival - self._started_at) * CLOCK_RATE) + self._max_gap
 
     def _emit_dtmf(self, ev: DtmfEvent) -> None:
         self.dtmf_events += 1

@@ -78,6 +78,21 @@ def is_rtcp(data: bytes) -> bool:
     return len(data) >= 2 and 192 <= data[1] <= 223
 
 
+STUN_MAGIC_COOKIE = 0x2112A442
+_STUN_HEADER = struct.Struct("!HHI")
+
+
+def is_stun(data: bytes) -> bool:
+    """A STUN message (RFC 5389 §6), as peers send for NAT keep-alive (RFC 6263 §4.2) or ICE checks.
+
+    RFC 7983 §7 demultiplexes by the first octet (0-3: STUN, 128-191: RTP/RTCP); the magic cookie and
+    the length field (the datagram less the 20-octet header, a multiple of 4) make it unambiguous."""
+    if len(data) < 20 or data[0] > 3:
+        return False
+    _, length, cookie = _STUN_HEADER.unpack_from(data)
+    return cookie == STUN_MAGIC_COOKIE and length % 4 == 0 and length + 20 == len(data)
+
+
 def parse_rtp(data: bytes) -> RtpPacket:
     """RFC 3550 §5.1 fixed header, CSRC list, §5.3.1 header extension and padding."""
     n = len(data)
@@ -133,8 +148,10 @@ class RtcpInfo(NamedTuple):
 def parse_rtcp(data: bytes) -> RtcpInfo:
     """Validity checks of RFC 3550 App. A.2 on a compound RTCP packet.
 
-    Version 2 everywhere; the first packet is SR or RR (RFC 5506 reduced-size RTCP is not expected
-    from telephony peers); the packet lengths add up to the datagram; only the last packet may pad.
+    Version 2 everywhere; the packet lengths add up to the datagram; only the last packet may pad.
+    A compound packet starts with SR or RR (RFC 3550 §6.1); a datagram of other RTCP types only is a
+    reduced-size RTCP packet (RFC 5506 §3), which peers send for keep-alive (baresip's APP packets):
+    valid, with no sender info. Types outside 192-223 (the RFC 5761 §4 range) are not RTCP.
     """
     n = len(data)
     if n < 8:
@@ -154,12 +171,12 @@ def parse_rtcp(data: bytes) -> RtcpInfo:
             raise RtpParseError("bad_rtcp", "RTCP length field exceeds the datagram")
         if b0 & 0x20 and offset + length != n:
             raise RtpParseError("bad_rtcp", "RTCP padding on a packet that is not the last")
+        if not 192 <= pt <= 223:
+            raise RtpParseError("bad_rtcp", f"RTCP packet type {pt} is outside 192-223")
         if not types:
-            if pt not in (RTCP_SR, RTCP_RR):
-                raise RtpParseError("bad_rtcp", f"compound RTCP starts with type {pt}, not SR/RR")
             if length < 8:
-                raise RtpParseError("bad_rtcp", "RTCP SR/RR too short")
-            (sender,) = struct.unpack_from("!I", data, offset + 4)
+                raise RtpParseError("bad_rtcp", "RTCP packet too short for its SSRC")
+            (sender,) = struct.unpack_from("!I", data, offset + 4)  # SR/RR/APP/RTPFB: the sender's
             if pt == RTCP_SR:
                 if length < 28:
                     raise RtpParseError("bad_rtcp", "RTCP SR too short for sender info")

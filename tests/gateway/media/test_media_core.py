@@ -248,16 +248,44 @@ def test_packets_from_another_source_are_dropped_while_the_latched_one_talks() -
     assert_audio_matches(d.audio, oracle(sender.packets).pcm8k)
 
 
-def test_the_latch_moves_after_the_source_fell_silent_for_relatch_after() -> None:
+def test_the_same_stream_from_a_new_address_after_relatch_after_moves_the_latch() -> None:
+    """A NAT rebinding: the sender keeps its SSRC and sequence; only its public port changed."""
     d = Driver(config=replace(NO_IDLE, relatch_after_s=2.0))
     a = RtpSender(seq=1, timestamp=0, ssrc=1).audio(speech_like(800))
     d.play(a.packets)
-    b = RtpSender(seq=1, timestamp=0, ssrc=1).audio(speech_like(800))
+    b = RtpSender(seq=6, timestamp=800, ssrc=1).audio(speech_like(800))
     new = ("192.0.2.99", 41000)
     d.send(b.packets[0].data, 1.0, addr=new)  # 0.9 s after the last packet: too soon
     assert d.core.latched == SRC
-    d.play(b.packets, start=2.2, addr=new)
+    d.play(b.packets[1:], start=2.2, addr=new)
     assert d.core.latched == new
+    assert d.core.stats().invalid_reasons == {"wrong_source": 1}
+
+
+def test_a_hijacker_with_a_new_ssrc_does_not_take_over_a_silent_call() -> None:
+    d = Driver(config=replace(NO_IDLE, relatch_after_s=2.0))
+    caller = RtpSender(seq=1, timestamp=0, ssrc=1).audio(speech_like(800))
+    d.play(caller.packets)
+    hijacker = RtpSender(seq=7, timestamp=960, ssrc=0x666).audio(speech_like(4000, 9))
+    evil = ("198.51.100.66", 5000)
+    d.play(hijacker.packets, start=10.0, addr=evil)  # long after the caller went quiet (DTX, hold)
+    assert d.core.latched == SRC
+    assert d.core.stats().invalid_reasons == {"wrong_source": len(hijacker.packets)}
+    # The caller's own stream is still taken when it speaks again, from where it was.
+    d.play(RtpSender(seq=6, timestamp=800, ssrc=1).audio(speech_like(800)).packets, start=11.0)
+    assert d.core.stats().packets_received == 2 * len(caller.packets)
+
+
+def test_the_current_ssrc_with_a_sequence_that_does_not_continue_does_not_move_the_latch() -> None:
+    d = Driver(config=replace(NO_IDLE, relatch_after_s=2.0))
+    d.play(RtpSender(seq=100, timestamp=0, ssrc=1).audio(speech_like(800)).packets)  # seq 100-104
+    evil = ("198.51.100.66", 5000)
+    replayed = RtpSender(seq=100, timestamp=0, ssrc=1).audio(speech_like(800))  # old packets again
+    far = RtpSender(seq=104 + 3000, timestamp=0, ssrc=1).audio(speech_like(800))  # a guessed jump
+    d.play(replayed.packets, start=5.0, addr=evil)
+    d.play(far.packets, start=6.0, addr=evil)
+    assert d.core.latched == SRC
+    assert d.core.stats().invalid_reasons == {"wrong_source": 10}
 
 
 def test_relatch_zero_means_only_a_reinvite_moves_the_latch() -> None:
@@ -300,6 +328,33 @@ def test_junk_is_counted_by_reason_and_does_not_touch_the_call() -> None:
     }
     assert stats.packets_received == len(sender.packets) and stats.lost == 0
     assert_audio_matches(d.audio, oracle(sender.packets).pcm8k)
+
+
+def test_stun_keepalives_and_rtcp_app_packets_are_not_invalid_rtp() -> None:
+    """linphone sends STUN binding requests, baresip RTCP APP packets (rtcp-mux) on the RTP port."""
+    stun = struct.pack("!HHI12s", 0x0001, 0, 0x2112A442, b"k" * 12)
+    app = struct.pack("!BBHI4s", 0x80, 204, 2, 1, b"PING")
+    sender = RtpSender(seq=1, timestamp=0, ssrc=1).audio(speech_like(1600))
+    d = Driver(config=NO_IDLE)
+    for i, p in enumerate(sender.packets):
+        d.send(p.data, p.at)
+        d.send(stun if i % 2 else app, p.at + 0.001)
+    d.close(1.0)
+    stats = d.core.stats()
+    assert stats.invalid == 0 and stats.invalid_reasons == {}
+    assert d.core.keepalives == len(sender.packets) // 2 and stats.rtcp_packets == len(sender.packets) // 2
+    assert_audio_matches(d.audio, oracle(sender.packets).pcm8k)
+
+
+def test_stun_keepalives_from_the_latched_host_keep_a_silent_call_alive() -> None:
+    stun = struct.pack("!HHI12s", 0x0001, 0, 0x2112A442, b"k" * 12)
+    d = Driver(config=MediaConfig(inactivity_timeout_s=5.0, idle_fill_after_s=0.0))
+    d.play(RtpSender(seq=1, timestamp=0, ssrc=1).audio(speech_like(160)).packets)
+    for t in range(3, 20, 3):
+        d.send(stun, float(t))  # DTX: no RTP, only keep-alives every 3 s
+    assert d.timeouts == []
+    d.run_until(40.0)
+    assert len(d.timeouts) == 1  # keep-alives stopped at 18 s: the timeout applies again
 
 
 def test_valid_rtcp_on_either_port_is_accepted_and_counts_as_liveness() -> None:
@@ -511,3 +566,24 @@ def test_timestamps_racing_ahead_of_the_clock_cannot_flood_the_timeline_with_sil
     # Real time elapsed: ~1 s; the timeline may lead it by at most max_gap (1 s) plus the audio itself.
     assert d.core.timeline_samples <= 8000 * (1.0 + 1.0) + 50 * 160
     assert d.core.stats().timeline_adjustments > 0
+
+
+def test_dtmf_events_racing_ahead_keep_the_timeline_within_the_wall_clock_plus_max_gap() -> None:
+    """A hostile caller sends a new key press every 100 ms, each stamped 5 s after the last: the media
+    timeline the ASR gets may lead the wall clock by at most max_gap, with idle fill on, at any time."""
+    config = MediaConfig(max_gap_ms=5000, idle_fill_after_s=0.5)
+    d = Driver(config=config)
+    d.play(RtpSender(seq=1, timestamp=0, ssrc=1).audio(speech_like(800)).packets)
+    first = 0.0
+    ts, seq, t = 800, 6, 0.1
+    max_lead = 0
+    while t < 30.0:
+        end = TelephoneEvent(1, True, 10, 800).serialize()
+        d.send(RtpPacket(101, seq, ts, 1, end, marker=True).serialize(), t)
+        wall = round((d.now - first) * 8000)
+        max_lead = max(max_lead, d.core.timeline_samples - wall)
+        ts, seq, t = ts + 40_000, seq + 1, t + 0.1
+    d.close(t)
+    assert len(d.digits) == 299  # every key press is still reported once
+    assert max_lead <= 5000 * 8
+    assert d.core.stats().audio_ms <= (t - first) * 1000 + 5000 + 80

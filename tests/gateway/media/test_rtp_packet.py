@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.rtp.packet import RtpPacket, RtpParseError, is_rtcp, parse_rtcp, parse_rtp
+from gateway.rtp.packet import (
+    STUN_MAGIC_COOKIE,
+    RtpPacket,
+    RtpParseError,
+    is_rtcp,
+    is_stun,
+    parse_rtcp,
+    parse_rtp,
+)
 from gateway.rtp.seq import Unwrapper, seq_delta, ts_delta, uint16_add, uint32_add
 
 
@@ -112,7 +120,8 @@ def test_a_receiver_report_without_blocks_is_valid() -> None:
     "data",
     [
         b"\x80\xc8\x00",  # shorter than a header
-        sdes(),  # a compound packet must start with SR or RR (RFC 3550 A.2)
+        b"\x80\xe0\x00\x01" + bytes(4),  # type 224 is outside the RTCP range (RFC 5761 §4)
+        b"\x80\xcc\x00\x00",  # an APP packet too short for its SSRC
         sender_report()[:-4],  # length field says more than the datagram holds
         b"\x40" + sender_report()[1:],  # version 1
         b"\xa0" + sender_report()[1:] + sdes(),  # padding bit on a packet that is not the last
@@ -122,6 +131,26 @@ def test_invalid_rtcp_is_rejected_as_bad_rtcp(data: bytes) -> None:
     with pytest.raises(RtpParseError) as err:
         parse_rtcp(data)
     assert err.value.reason == "bad_rtcp"
+
+
+def test_reduced_size_rtcp_without_sr_or_rr_is_valid_rtcp() -> None:
+    """RFC 5506 §3: an APP keep-alive (baresip) or an SDES alone is RTCP, not junk."""
+    app = struct.pack("!BBHI4s", 0x80, 204, 2, 77, b"PING")
+    assert parse_rtcp(app).packet_types == (204,) and parse_rtcp(app).sender_ssrc == 77
+    assert parse_rtcp(sdes()).packet_types == (202,)
+    assert parse_rtcp(app).sr_ntp is None
+
+
+def stun_binding(length: int = 0, cookie: int = STUN_MAGIC_COOKIE) -> bytes:
+    return struct.pack("!HHI12s", 0x0001, length, cookie, b"t" * 12) + bytes(length)
+
+
+def test_stun_is_recognized_by_first_octet_cookie_and_length() -> None:
+    assert is_stun(stun_binding()) and is_stun(stun_binding(8))
+    assert not is_stun(stun_binding(cookie=0))  # RFC 3489 STUN has no cookie: not recognized
+    assert not is_stun(stun_binding(8)[:-4])  # length field disagrees with the datagram
+    assert not is_stun(RtpPacket(0, 1, 0, 1, b"\xff" * 160).serialize())
+    assert not is_stun(b"\x00\x01")
 
 
 def test_wraparound_arithmetic() -> None:
