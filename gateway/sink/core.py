@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.events import BASE_FIELDS, CallEvent, to_fields
+from gateway.sink.journal import CallJournal
 from gateway.sink.spool import Record, Spool, SpoolScan
 
 logger = logging.getLogger(__name__)
@@ -127,9 +128,11 @@ class SinkCore:
         scan: SpoolScan | None = None,
         hooks: SinkHooks | None = None,
         backoff: Callable[[int], float] = lambda failures: min(5.0, 0.05 * 2**failures),
+        journal: CallJournal | None = None,
     ) -> None:
         self.cfg = cfg
         self.spool = spool
+        self.journal = journal
         self.hooks: SinkHooks = hooks or NullSinkHooks()
         self._backoff = backoff
         self._pending: deque[CallEvent] = deque()
@@ -140,6 +143,9 @@ class SinkCore:
         self._next_seq: dict[tuple[str, str], int] = {
             k: v + 1 for k, v in (scan.max_seq if scan else {}).items()
         }
+        # Calls a previous run left live continue after their last committed seq (journal.py).
+        for key, call in (journal.live if journal else {}).items():
+            self._next_seq[key] = max(self._next_seq.get(key, 1), call.seq + 1)
         self._ended: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._up = False
         self._down_since: float | None = None
@@ -167,8 +173,13 @@ class SinkCore:
 
     @property
     def degraded(self) -> bool:
-        """Redis is not taking events and they no longer fit in memory (readiness)."""
-        return not self._up and (self.spool.pending > 0 or self.in_memory >= self.cfg.max_buffered)
+        """Redis is not taking events and they no longer fit in memory (readiness). Before the first
+        round trip Redis is not known to be down: a spool left by the previous run is being replayed."""
+        return (
+            not self._up
+            and self._down_since is not None
+            and (self.spool.pending > 0 or self.in_memory >= self.cfg.max_buffered)
+        )
 
     @property
     def idle(self) -> bool:
@@ -180,6 +191,10 @@ class SinkCore:
 
     # --- input ------------------------------------------------------------------------------------
     def publish(self, ev: CallEvent) -> None:
+        self._publish(ev)
+        self._flush_journal()
+
+    def _publish(self, ev: CallEvent) -> None:
         if ev.extra and not set(BASE_FIELDS).isdisjoint(ev.extra):
             logger.error("event of call %s dropped: extra fields overwrite schema fields", ev.call_id)
             self.hooks.dropped(ev.type, "invalid")
@@ -203,6 +218,11 @@ class SinkCore:
 
     # --- what to do next --------------------------------------------------------------------------
     def poll(self, now: float) -> Action | None:
+        action = self._poll(now)
+        self._flush_journal()  # before the batch can reach Redis: the journal is never behind it
+        return action
+
+    def _poll(self, now: float) -> Action | None:
         if self._inflight is not None:
             return None
         if (
@@ -300,6 +320,7 @@ class SinkCore:
             self._inflight = None
         self._closed = True
         self._spill("shutdown")
+        self._flush_journal()
 
     # --- internals --------------------------------------------------------------------------------
     def _commit(self, ev: CallEvent) -> Record:
@@ -313,7 +334,14 @@ class SinkCore:
                 self._ended.popitem(last=False)
         else:
             self._next_seq[key] = seq + 1
-        return Record(to_fields(ev, seq))
+        rec = Record(to_fields(ev, seq))
+        if self.journal is not None:
+            self.journal.committed(rec.fields)
+        return rec
+
+    def _flush_journal(self) -> None:
+        if self.journal is not None:
+            self.journal.flush()
 
     def _make_room(self) -> None:
         if self._n_partials:

@@ -27,6 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.events import CallEvent
 from gateway.metrics import PrometheusSinkHooks
 from gateway.sink.core import BatchOutcome, Probe, SendBatch, SinkConfig, SinkCore
+from gateway.sink.journal import CallJournal, restart_call_end
 from gateway.sink.script import LUA_APPLY_BATCH, StreamLayout, batch_call, parse_outcome
 from gateway.sink.spool import Spool
 
@@ -113,8 +114,20 @@ class RedisSink:
         spool, scan = Spool.open(spool_dir, spool_max_bytes)
         if hooks is not None and scan.corrupt:
             hooks.spool_corrupt(scan.corrupt)
+        journal, orphans = CallJournal.open(spool_dir)
         backoff = EqualJitterBackoff(cap=backoff_cap_s, base=0.05)
-        core = SinkCore(sink_cfg, spool, scan, hooks, backoff.compute)
+        core = SinkCore(sink_cfg, spool, scan, hooks, backoff.compute, journal=journal)
+        if orphans:
+            # Calls that were up when the previous run stopped without ending them (a crash): every
+            # call_start gets its call_end (docs/events.md), after whatever the spool still holds.
+            names = ", ".join(c.call_id for c in orphans[:20]) + (" ..." if len(orphans) > 20 else "")
+            logger.warning(
+                "%d calls were live when the gateway last stopped without ending them: publishing their "
+                "call_end (reason=gateway_restart): %s", len(orphans), names,
+            )  # fmt: skip
+            now = time.time()
+            for call in orphans:
+                core.publish(restart_call_end(call, now))
         return cls(
             core,
             layout,
@@ -215,6 +228,8 @@ class RedisSink:
         self._closed = True
         await asyncio.to_thread(self.core.spool.sync)
         self.core.spool.close()
+        if self.core.journal is not None:
+            self.core.journal.close()
         self._report_degraded()
         with contextlib.suppress(RedisError, OSError):
             await self.client.aclose()
