@@ -11,7 +11,7 @@ else
   EXTRAS := cpu,dev,reference,fast
 endif
 # Debian packages the tests and the demo use as real peers and tools.
-APT_PACKAGES := redis-server sip-tester espeak-ng sox prometheus libopenblas0-pthread libsndfile1
+APT_PACKAGES := redis-server sip-tester espeak-ng sox prometheus libopenblas0-pthread libsndfile1 baresip kamailio sipvicious sipsak fail2ban
 BREW_PACKAGES := redis espeak-ng sox prometheus
 PYTEST_ARGS ?=
 

@@ -123,9 +123,7 @@ class SipSettings(BaseModel):
     )
     t1_ms: int = Field(500, ge=10, description="SIP timer T1 (RTT estimate; retransmission base)")
     max_tcp_connections: int = Field(1024, ge=1, description="Concurrent SIP TCP connections")
-    tcp_max_per_source: int = Field(
-        32, ge=1, description="Concurrent SIP TCP connections from one source IP"
-    )
+    tcp_max_per_source: int = Field(32, ge=1, description="Concurrent SIP TCP connections from one source IP")
     tcp_idle_timeout_s: float = Field(
         300.0, gt=0, description="A SIP TCP connection with nothing received for this long is closed"
     )

@@ -583,10 +583,11 @@ class Daemon:
         self.readiness.details["active_calls"] = lambda: self.frontend.active_calls
         self.readiness.model_loaded = True
         logger.info(
-            "ready: SIP %s on %s:%d, RTP %s:%d-%d, HTTP %s, Redis %s stream %s, model %s%s",
+            "ready: SIP %s on %s:%d, RTP %s:%d-%d, HTTP %s, Redis %s stream %s, model %s%s, event loop %s",
             "+".join(s.sip.transports).upper(), s.sip.host, self.frontend.sip_port, s.rtp.host,
             s.rtp.port_min, s.rtp.port_max, self.http.url, redact_url(s.redis.url), s.redis.stream,
             self.choice.name, " (RANDOM WEIGHTS: MEANINGLESS TRANSCRIPTS)" if self.choice.meaningless else "",
+            type(asyncio.get_running_loop()).__module__.split(".")[0],
         )  # fmt: skip
 
     async def _check_redis(self) -> None:

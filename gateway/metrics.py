@@ -30,9 +30,7 @@ SIP_ERRORS = Counter("ttg_sip_errors_total", "Malformed or rejected SIP messages
 SIP_AUTH_FAILURES = Counter(
     "ttg_sip_auth_failures_total", "INVITEs refused (403) for wrong digest credentials"
 )
-SIP_AUTH_BANS = Counter(
-    "ttg_sip_auth_bans_total", "Sources banned after too many failed authentications"
-)
+SIP_AUTH_BANS = Counter("ttg_sip_auth_bans_total", "Sources banned after too many failed authentications")
 
 # --- RTP ------------------------------------------------------------------------------------------
 RTP_RECEIVED = Counter("ttg_rtp_packets_received_total", "RTP packets received", ["codec"])

@@ -115,6 +115,10 @@ class _TcpConnection(asyncio.Protocol):
         except FramingError as e:
             metrics.SIP_ERRORS.labels("framing").inc()
             logger.info("closing SIP TCP connection from %s:%s: %s", *self.peer, e)
+            if e.head:
+                # The request's header section is whole: the core answers it (400) before we close;
+                # transport.close() still sends what was written.
+                self.endpoint.receive(e.head, Flow("tcp", self.peer, self.conn_id))
             self.close()
             return
         if self.framer.buffered == 0:

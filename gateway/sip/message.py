@@ -470,7 +470,14 @@ def serialize(message: SipMessage) -> bytes:
 
 
 class FramingError(Exception):
-    """A byte stream cannot be split into SIP messages any more (the connection must be closed)."""
+    """A byte stream cannot be split into SIP messages any more (the connection must be closed).
+
+    `head` is the header section of the message that could not be framed, when it was complete (a
+    bad Content-Length): enough to answer that request with a 400 before closing."""
+
+    def __init__(self, reason: str, head: bytes = b"") -> None:
+        super().__init__(reason)
+        self.head = head
 
 
 class StreamFramer:
@@ -519,7 +526,10 @@ class StreamFramer:
             head_end, body_start = bounds
             if head_end > self._max_header:
                 raise FramingError("header section too large")
-            length = self._content_length(bytes(self._buf[:head_end]))
+            try:
+                length = self._content_length(bytes(self._buf[:head_end]))
+            except FramingError as e:
+                raise FramingError(str(e), bytes(self._buf[:body_start])) from None
             if length > self._max_body:
                 raise FramingError("body too large")
             if len(self._buf) < body_start + length:

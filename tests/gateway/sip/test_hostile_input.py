@@ -11,7 +11,7 @@ from gateway.sip.admission import AdmissionConfig
 from gateway.sip.agent import AuthFailure, CallOffered, Effect, Flow, UserAgent
 from gateway.sip.auth import DigestConfig, authorization_header
 from gateway.sip.headers import parse_credentials
-from gateway.sip.message import SipParseError, StreamFramer, parse_message
+from gateway.sip.message import FramingError, SipParseError, StreamFramer, parse_message
 from tests.gateway.sip.factories import TCP, UDP, invite, request, status_of, to_tag_of
 from tests.gateway.sip.test_agent import codes, make_ua, sends
 
@@ -72,10 +72,13 @@ def test_other_numeric_fields_with_non_ascii_digits_are_400(old: bytes, new: byt
         parse_message(data)
 
 
-def test_the_tcp_framer_refuses_a_non_ascii_content_length() -> None:
-    framer = StreamFramer()
-    with pytest.raises(Exception, match="Content-Length"):
-        framer.feed(request("OPTIONS").replace(b"Content-Length: 0", "Content-Length: ²".encode()))
+def test_over_tcp_a_non_ascii_content_length_cannot_be_framed_but_the_request_is_answered_400() -> None:
+    data = request("OPTIONS", transport="TCP").replace(b"Content-Length: 0", "Content-Length: ²".encode())
+    with pytest.raises(FramingError, match="Content-Length") as err:
+        StreamFramer().feed(data)
+    assert err.value.head == data  # the whole header section, for the answer before the close
+    (answer,) = sends(make_ua().receive(err.value.head, TCP, 0.0))
+    assert status_of(answer) == 400
 
 
 # --- password guessing -------------------------------------------------------------------------

@@ -1,0 +1,236 @@
+"""Third-party SIP software the interop tests drive against `ttg serve` (Debian packages, installed
+by `make deps`): baresip (a softphone, headless), Kamailio (a proxy/dispatcher) and sipvicious.
+
+Each runs as a real process on loopback ports, started and stopped by its PID, bounded in time.
+A peer that is not installed fails the test (CI must not pass without it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tests.e2e.conftest import REPO, espeak_8k, free_tcp_port, port_block
+
+KAMAILIO_CFG = REPO / "ops" / "kamailio" / "kamailio.cfg"
+
+
+def need(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        pytest.fail(f"{tool} is not installed: `make deps` installs it (Makefile APT_PACKAGES)")
+    return path
+
+
+def speech_wav(workdir: Path, sentences: Sequence[str], *, tail_silence_s: float = 0.0) -> Path:
+    """espeak-ng speech as an 8 kHz 16-bit mono WAV (baresip's aufile source plays it at 8 kHz)."""
+    parts = [espeak_8k(text, workdir) for text in sentences]
+    pcm = np.concatenate([*parts, np.zeros(int(8000 * tail_silence_s), np.float32)])
+    path = workdir / "speech8k.wav"
+    sf.write(str(path), pcm, 8000, subtype="PCM_16")
+    return path
+
+
+def stop_pid(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+# --- baresip ---------------------------------------------------------------------------------------
+
+
+class Baresip:
+    """One headless baresip (v1.x): `aufile` plays `audio` into every call, `ctrl_tcp` takes commands
+    (netstring-framed JSON: dial, sndcode, hangup) and reports call events, which a thread collects."""
+
+    def __init__(self, workdir: Path, audio: Path, *, codecs: str = "PCMA") -> None:
+        self.workdir = workdir / "baresip"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.binary = need("baresip")
+        base = port_block(24)  # SIP (UDP/TCP) at base, TLS at base+1 (libre's default), RTP after
+        self.sip_port = base
+        self.ctrl_port = free_tcp_port()
+        (self.workdir / "config").write_text(
+            "\n".join(
+                [
+                    "poll_method epoll",
+                    f"sip_listen 127.0.0.1:{self.sip_port}",
+                    "net_interface 127.0.0.1",
+                    f"audio_source aufile,{audio}",
+                    f"audio_player aufile,{self.workdir / 'played.wav'}",
+                    f"audio_alert aufile,{self.workdir / 'alert.wav'}",
+                    "ausrc_srate 8000",
+                    "auplay_srate 8000",
+                    "ausrc_channels 1",
+                    f"rtp_ports {base + 4}-{base + 23}",
+                    "rtp_timeout 0",
+                    "module_path /usr/lib/baresip/modules",
+                    "module g711.so",
+                    "module aufile.so",
+                    "module account.so",
+                    "module menu.so",
+                    "module ctrl_tcp.so",
+                    f"ctrl_tcp_listen 127.0.0.1:{self.ctrl_port}",
+                    "",
+                ]
+            )
+        )
+        (self.workdir / "accounts").write_text(f"<sip:caller@127.0.0.1>;regint=0;audio_codecs={codecs}\n")
+        self.log_path = self.workdir / "baresip.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._events: list[dict[str, Any]] = []
+        self._responses: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self._reader: threading.Thread | None = None
+
+    def start(self, timeout_s: float = 20.0) -> Baresip:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [self.binary, "-f", str(self.workdir)], cwd=self.workdir, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=log, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while self._sock is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"baresip did not start: {self.log_tail()}")
+            try:
+                self._sock = socket.create_connection(("127.0.0.1", self.ctrl_port), timeout=1.0)
+            except OSError:
+                time.sleep(0.1)
+        self._sock.settimeout(None)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def stop(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        if self.proc is not None:
+            stop_pid(self.proc)
+
+    def command(self, command: str, params: str = "", timeout_s: float = 10.0) -> dict[str, Any]:
+        assert self._sock is not None
+        body = json.dumps({"command": command, "params": params, "token": command}).encode()
+        with self._cond:
+            n = len(self._responses)
+            self._sock.sendall(b"%d:%s," % (len(body), body))
+            if not self._cond.wait_for(lambda: len(self._responses) > n, timeout_s):
+                raise TimeoutError(f"baresip did not answer {command}: {self.log_tail()}")
+            response = self._responses[n]
+        if not response.get("ok"):
+            raise RuntimeError(f"baresip refused {command} {params}: {response}")
+        return response
+
+    def wait_event(self, kind: str, timeout_s: float = 20.0) -> dict[str, Any]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: any(e["type"] == kind for e in self._events), timeout_s):
+                got = [e["type"] for e in self._events]
+                raise TimeoutError(f"no baresip event {kind} in {timeout_s} s (got {got}): {self.log_tail()}")
+            return next(e for e in self._events if e["type"] == kind)
+
+    @property
+    def events(self) -> list[str]:
+        with self._cond:
+            return [e["type"] for e in self._events]
+
+    def _read(self) -> None:
+        assert self._sock is not None
+        buf = b""
+        while True:
+            try:
+                data = self._sock.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            buf += data
+            while b":" in buf:
+                size, _, rest = buf.partition(b":")
+                n = int(size)
+                if len(rest) < n + 1:
+                    break
+                message = json.loads(rest[:n])
+                buf = rest[n + 1 :]
+                with self._cond:
+                    (self._events if message.get("event") else self._responses).append(message)
+                    self._cond.notify_all()
+
+    def log_tail(self, n: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.replace("\r", "\n").splitlines()[-n:])
+
+
+# --- Kamailio ----------------------------------------------------------------------------------------
+
+
+class Kamailio:
+    """ops/kamailio/kamailio.cfg in the foreground, its listen address, gateway list and probe interval
+    given as -A defines (the file itself is used as shipped)."""
+
+    def __init__(self, workdir: Path, gateways: Sequence[int], *, probe_interval_s: int = 1) -> None:
+        self.workdir = workdir / "kamailio"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.binary = need("kamailio")
+        self.port = port_block(2)
+        self.list_file = self.workdir / "dispatcher.list"
+        self.list_file.write_text("".join(f"1 sip:127.0.0.1:{p} 0 0\n" for p in gateways))
+        (self.workdir / "run").mkdir(exist_ok=True)
+        self.log_path = self.workdir / "kamailio.log"
+        self.probe_interval_s = probe_interval_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def command(self) -> list[str]:
+        return [
+            self.binary, "-DD", "-E", "-f", str(KAMAILIO_CFG),
+            "-A", f"LISTEN=udp:127.0.0.1:{self.port}",
+            "-A", f'DISPATCHER_LIST="{self.list_file}"',
+            "-A", f"PROBE_INTERVAL={self.probe_interval_s}",
+            "-A", "CHILDREN=2",
+            "-Y", str(self.workdir / "run"), "-P", str(self.workdir / "kamailio.pid"),
+        ]  # fmt: skip
+
+    def start(self, timeout_s: float = 20.0) -> Kamailio:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.command, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while "main(): processes" not in self.log():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"kamailio did not start: {self.log()[-3000:]}")
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
