@@ -1,10 +1,15 @@
 """Benchmark of the SIP side: message parsing, the UAS core, and call set-up/tear-down with sipp.
 
     ttg bench sip [--calls 1000] [--rate 100] [--hold-ms 1000] [--out bench.json]
+    ttg bench sip --burst 2000 [--recv-buffers 0,4194304] [--out burst.json]
 
 Runs the telephony front end on 127.0.0.1 (real SIP and RTP sockets, an ASR engine that only counts
 samples, an in-memory event sink) and drives it with sipp's built-in `uac` scenario (INVITE, ACK, hold,
 BYE), bounded in calls and time. Prints the numbers and writes them as JSON. Needs sipp (sip-tester).
+
+`--burst N`: the SIP endpoint alone in a child process (UDP, each `--recv-buffers` size in turn; 0 =
+the OS default), N OPTIONS sent from one socket as fast as the sender can, answers counted for a few
+seconds: what the kernel drops when a burst outruns the event loop (TTG_SIP__UDP_RECV_BUFFER_BYTES).
 """
 
 from __future__ import annotations
@@ -147,15 +152,97 @@ async def bench_calls(calls: int, rate: float, hold_ms: int, workdir: Path) -> d
     }
 
 
+def _burst_server(port: int, recv_buffer: int, ready: Any, stop: Any) -> None:
+    """Child process: one SIP endpoint (UDP only) answering OPTIONS until `stop` is set."""
+
+    class _NoCalls:
+        def on_sip_event(self, event: object) -> None:
+            pass
+
+    async def serve() -> None:
+        from gateway.sip.endpoint import SipEndpoint, TransportConfig
+
+        agent = UserAgent(AgentConfig(host="127.0.0.1", port=port, max_transactions=1_000_000))
+        transport = TransportConfig(udp_recv_buffer_bytes=recv_buffer)
+        endpoint = SipEndpoint(agent, _NoCalls(), host="127.0.0.1", port=port, tcp=False, transport=transport)
+        await endpoint.start()
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        await endpoint.close()
+
+    asyncio.run(serve())
+
+
+def bench_burst(n: int, recv_buffer: int, settle_s: float = 5.0) -> dict[str, Any]:
+    import multiprocessing
+    import socket
+
+    ctx = multiprocessing.get_context("spawn")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    ready, stop = ctx.Event(), ctx.Event()
+    server = ctx.Process(target=_burst_server, args=(port, recv_buffer, ready, stop), daemon=True)
+    server.start()
+    try:
+        if not ready.wait(60):
+            raise SystemExit("the burst server did not start")
+        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        tx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)  # our side must not drop answers
+        tx.bind(("127.0.0.1", 0))
+        local = tx.getsockname()[1]
+        via = f"127.0.0.1:{local}".encode()
+        datagrams = [message(i, "OPTIONS", "").replace(b"127.0.0.1:5070", via) for i in range(n)]
+        t0 = time.perf_counter()
+        for d in datagrams:
+            tx.sendto(d, ("127.0.0.1", port))
+        send_s = time.perf_counter() - t0
+        answered = 0
+        tx.settimeout(settle_s)
+        try:
+            while answered < n:
+                tx.recv(65536)
+                answered += 1
+        except TimeoutError:
+            pass
+        tx.close()
+    finally:
+        stop.set()
+        server.join(10)
+    return {
+        "requests": n,
+        "recv_buffer_asked": recv_buffer,
+        "answered": answered,
+        "lost_pct": round(100 * (n - answered) / n, 1),
+        "send_s": round(send_s, 3),
+    }
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=100.0, help="new calls per second")
     parser.add_argument("--hold-ms", type=int, default=1000, help="how long each call stays up")
     parser.add_argument("--core-messages", type=int, default=20000)
     parser.add_argument("--out", type=Path, default=None, help="write the numbers as JSON here")
+    parser.add_argument("--burst", type=int, default=0, help="measure a burst of N OPTIONS instead")
+    parser.add_argument(
+        "--recv-buffers", default=f"0,{4 << 20}", help="SIP UDP receive buffer sizes to compare (bytes)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.burst:
+        runs = [bench_burst(args.burst, int(size)) for size in args.recv_buffers.split(",")]
+        for r in runs:
+            print(
+                f"{r['requests']} OPTIONS in {r['send_s']:.3f} s, receive buffer "
+                f"{r['recv_buffer_asked'] or 'OS default'}: {r['answered']} answered ({r['lost_pct']}% lost)"
+            )
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"burst": runs}, indent=2) + "\n")
+        return 0
     result: dict[str, Any] = {"core": bench_core(args.core_messages)}
     core = result["core"]
     print(f"parse INVITE ({core['invite_bytes']} B): {core['parse_invite_us']:.1f} us")
