@@ -198,19 +198,7 @@ class Serve:
 
     def stop(self, timeout_s: float = 40.0) -> int | None:
         """SIGTERM, then SIGKILL if it has not exited within `timeout_s`; returns its exit status."""
-        proc = self.proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        return proc.returncode
+        return None if self.proc is None else terminate(self.proc, timeout_s)
 
     def http(self, path: str, timeout_s: float = 2.0) -> tuple[int, str]:
         try:
@@ -244,6 +232,20 @@ class Serve:
 
     def log_tail(self, n: int = 25) -> str:
         return "\n".join(self.log().splitlines()[-n:])
+
+
+def terminate(proc: subprocess.Popen[Any], timeout_s: float) -> int:
+    """SIGTERM `proc` (by its PID), then SIGKILL if it has not exited within `timeout_s`; its status."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    return proc.returncode
 
 
 @pytest.fixture

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -24,7 +22,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.e2e.conftest import REPO, espeak_8k, free_tcp_port, port_block
+from tests.e2e.conftest import REPO, espeak_8k, free_tcp_port, port_block, terminate
 
 KAMAILIO_CFG = REPO / "ops" / "kamailio" / "kamailio.cfg"
 
@@ -43,18 +41,6 @@ def speech_wav(workdir: Path, sentences: Sequence[str], *, tail_silence_s: float
     path = workdir / "speech8k.wav"
     sf.write(str(path), pcm, 8000, subtype="PCM_16")
     return path
-
-
-def stop_pid(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 # --- baresip ---------------------------------------------------------------------------------------
@@ -130,7 +116,7 @@ class Baresip:
             with contextlib.suppress(OSError):
                 self._sock.close()
         if self.proc is not None:
-            stop_pid(self.proc)
+            terminate(self.proc, 10.0)
 
     def command(self, command: str, params: str = "", timeout_s: float = 10.0) -> dict[str, Any]:
         assert self._sock is not None
@@ -230,7 +216,7 @@ class Kamailio:
 
     def stop(self) -> None:
         if self.proc is not None:
-            stop_pid(self.proc)
+            terminate(self.proc, 10.0)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
