@@ -92,7 +92,7 @@ class SipSettings(BaseModel):
     digest_realm: str = Field("ttg", description="Digest auth realm")
     digest_algorithms: list[Literal["SHA-256", "MD5"]] = Field(
         default_factory=lambda: _sip_list("MD5", "SHA-256"),
-        description="Digest challenges, in order (MD5 first: MD5-only clients read only the first)",
+        description='Digest challenges in order; MD5 first for MD5-only clients, ["MD5"] for baresip 1.0',
     )
     auth_max_failures: int = Field(
         5, ge=0, description="Failed digest authentications from one source that ban it (0 = never ban)"

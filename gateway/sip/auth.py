@@ -7,12 +7,15 @@ without asking its user. With qop=auth the nonce count must grow per nonce (repl
 seen nonces is bounded). `-sess` variants are accepted. Comparisons are constant-time.
 
 Algorithms (RFC 8760): one WWW-Authenticate per algorithm of `algorithms`, in that order, sharing
-one nonce. §2.4 asks UACs to use the topmost challenge they support; many that know only MD5 read
-just the first one and give up when it names SHA-256 (baresip 1.0, sipvicious). So the default order
-is MD5, then SHA-256: every client authenticates, and a SHA-256-only client still finds its
-challenge. The price is that a client supporting both also picks MD5; deployments whose peers all
-speak SHA-256 list it first or alone (TTG_SIP__DIGEST_ALGORITHMS). Either way the password never
-crosses the wire; what MD5 weakens is an offline guess from a captured exchange.
+one nonce. §2.4 asks UACs to use the topmost challenge they support; clients that know only MD5 and
+read just the first challenge give up, or crash, when it names SHA-256 (sipvicious 0.3). So the
+default order is MD5, then SHA-256: such clients and every client that picks the challenge it
+supports authenticate, and a SHA-256-only client still finds its challenge. The price is that a
+client supporting both also picks MD5; deployments whose peers all speak SHA-256 list it first or
+alone (TTG_SIP__DIGEST_ALGORITHMS). One known client survives no order: libre up to 1.1 (baresip
+1.0, Debian 12) refuses a 401 in which *any* challenge is not MD5 ("Function not implemented");
+for such peers the list must be ["MD5"]. Either way the password never crosses the wire; what MD5
+weakens is an offline guess from a captured exchange.
 
 Throttling and bans of guessers live in admission.py; this core only says OK, MISSING, STALE or
 REJECTED.

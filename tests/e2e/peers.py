@@ -50,7 +50,7 @@ class Baresip:
     """One headless baresip (v1.x): `aufile` plays `audio` into every call, `ctrl_tcp` takes commands
     (netstring-framed JSON: dial, sndcode, hangup) and reports call events, which a thread collects."""
 
-    def __init__(self, workdir: Path, audio: Path, *, codecs: str = "PCMA") -> None:
+    def __init__(self, workdir: Path, audio: Path, *, codecs: str = "PCMA", password: str = "") -> None:
         self.workdir = workdir / "baresip"
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.binary = need("baresip")
@@ -82,7 +82,9 @@ class Baresip:
                 ]
             )
         )
-        (self.workdir / "accounts").write_text(f"<sip:caller@127.0.0.1>;regint=0;audio_codecs={codecs}\n")
+        auth = f";auth_user=trunk;auth_pass={password}" if password else ""  # answers digest challenges
+        account = f"<sip:trunk@127.0.0.1>;regint=0;audio_codecs={codecs}{auth}"
+        (self.workdir / "accounts").write_text(account + "\n")
         self.log_path = self.workdir / "baresip.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
