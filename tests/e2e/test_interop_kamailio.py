@@ -28,12 +28,13 @@ def started_calls(gw: Serve) -> list[str]:
     return re.findall(r"call (\w+) started:", gw.log())
 
 
-def through_proxy(proxy: Kamailio, speech: Speech, workdir: Path, *, calls: int, rate: float) -> SippResult:
+def speech_calls(port: int, speech: Speech, workdir: Path, *, calls: int, rate: float) -> SippResult:
+    """ops/pbx/sipp/speech_call.xml against 127.0.0.1:`port` (the proxy, or a gateway directly)."""
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(speech.path, workdir / "speech.ulaw")  # the scenario streams ./speech.ulaw
     ports = port_block(8 + 4 * calls)
     return run_sipp(
-        SCENARIO, proxy.port, workdir, calls=calls, rate=rate, local_port=ports + 1, media_port=ports + 4,
+        SCENARIO, port, workdir, calls=calls, rate=rate, local_port=ports + 1, media_port=ports + 4,
         timeout_s=speech.ms / 1000 + 40, extra=("-d", str(speech.ms + 500), "-key", "lang", "en-US"),
     )  # fmt: skip
 
@@ -71,7 +72,7 @@ async def test_six_calls_through_the_dispatcher_spread_over_two_gateways_and_sur
     await until(probed, "OPTIONS probes answered 200 by both gateways", timeout_s=20, detail=proxy.log)
 
     # 1. Six calls: every one answered, streamed, hung up through the proxy; both gateways take some.
-    result = await asyncio.to_thread(through_proxy, proxy, short_speech, tmp_path / "sipp1", calls=6, rate=3)
+    result = await asyncio.to_thread(speech_calls, proxy.port, short_speech, tmp_path / "p1", calls=6, rate=3)
     assert result.stats.get("SuccessfulCall(C)") == 6, result.stderr + result.errors
 
     def ends(n: int) -> Callable[[], bool]:
@@ -90,7 +91,7 @@ async def test_six_calls_through_the_dispatcher_spread_over_two_gateways_and_sur
     # 2. Gateway A drains while calls go on: its probes get 503, new calls all go to B, none fails.
     calls_on_a = len(started_calls(a))
     batch = asyncio.create_task(
-        asyncio.to_thread(through_proxy, proxy, short_speech, tmp_path / "sipp2", calls=8, rate=2)
+        asyncio.to_thread(speech_calls, proxy.port, short_speech, tmp_path / "p2", calls=8, rate=2)
     )
     await until(lambda: a.metric("ttg_active_calls") >= 1, "a call on gateway A", timeout_s=30)
     a.signal(signal.SIGTERM)
@@ -115,3 +116,15 @@ async def test_six_calls_through_the_dispatcher_spread_over_two_gateways_and_sur
     assert len(report.calls) == 14
     assert all(events[-1]["reason"] == "bye" for events in report.calls.values())
     assert all(any(e["type"] == "final" for e in events) for events in report.calls.values())
+
+
+async def test_the_route_set_following_scenario_works_without_a_proxy_too(
+    serve: Callable[..., Serve], tiny_bundle: Path, redis_url: str, short_speech: Speech, tmp_path: Path
+) -> None:
+    """No Record-Route: [routes] is empty and [next_url] is the gateway's Contact (the README's call)."""
+    gw = serve(bundle=tiny_bundle, redis_url=redis_url)
+    await asyncio.to_thread(gw.start)
+    result = await asyncio.to_thread(speech_calls, gw.sip_port, short_speech, tmp_path / "d", calls=2, rate=2)
+    assert result.stats.get("SuccessfulCall(C)") == 2, result.stderr + result.errors
+    await until(lambda: gw.metric("ttg_calls_total", result="admitted") == 2, "2 calls admitted")
+    assert gw.metric("ttg_sip_errors_total", reason="malformed") == 0
