@@ -319,6 +319,10 @@ class UserAgent:
         call = self._calls.get(call_ref)
         return None if call is None else call.phase
 
+    def has_dialog_on(self, conn_id: int) -> bool:
+        """Whether a call still in progress came on TCP connection `conn_id` (its requests use it)."""
+        return any(c.flow.conn_id == conn_id for c in self._calls.values() if c.flow.reliable)
+
     @property
     def pending_transactions(self) -> int:
         return len(self._server) + len(self._client)

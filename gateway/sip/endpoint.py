@@ -8,11 +8,12 @@ so every effect is carried out in one place.
 TCP (RFC 3261 §18.3): messages are framed by Content-Length (`StreamFramer`); a stream that cannot be
 framed any more is closed. CRLFCRLF keep-alives get a CRLF pong (RFC 5626 §4.4.1). A response or BYE
 whose connection has closed goes over a new connection to the source IP (at the Via's sent-by port).
-A connection is closed when nothing arrives on it for `tcp_idle_timeout_s`, or when a message it
-began is not complete within `tcp_header_timeout_s` (a slow sender holding a slot); one source IP may
-hold at most `tcp_max_per_source` of the `max_tcp_connections`, so idle connections from one host
-cannot lock others out. Transports are used through what they do (write, close, is_closing), not
-their class: uvloop's TCPTransport is not an `asyncio.Transport` subclass.
+A connection is closed when nothing arrives on it for `tcp_idle_timeout_s` and no call that came on
+it is still up, or when a message it began is not complete within `tcp_header_timeout_s` (a slow
+sender holding a slot); one source IP may hold at most `tcp_max_per_source` of the
+`max_tcp_connections`, so idle connections from one host cannot lock others out. Transports are used
+through what they do (write, close, is_closing), not their class: uvloop's TCPTransport is not an
+`asyncio.Transport` subclass.
 
 UDP: the socket's receive buffer is raised to `udp_recv_buffer_bytes` (SO_RCVBUFFORCE where the
 process may, else SO_RCVBUF up to the kernel's net.core.rmem_max; the size obtained is logged), so a
@@ -168,6 +169,11 @@ class _TcpConnection(asyncio.Protocol):
         partial = self.partial_since is not None and now >= self.partial_since + (
             self.endpoint.transport_config.tcp_header_timeout_s
         )
+        if not partial and self.endpoint.agent.has_dialog_on(self.conn_id):
+            # Idle, but a call that came on it is up: its BYE (and ours) belong on this connection.
+            self.last_rx = now
+            self._arm()
+            return
         reason = "tcp_incomplete" if partial else "tcp_idle"
         metrics.SIP_ERRORS.labels(reason).inc()
         logger.info(

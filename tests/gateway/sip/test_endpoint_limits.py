@@ -15,7 +15,7 @@ import uvloop
 
 from gateway.sip.agent import AgentConfig, AuthFailure, UserAgent
 from gateway.sip.endpoint import SipEndpoint, TransportConfig, _log_auth_failure
-from tests.gateway.sip.factories import request, status_of
+from tests.gateway.sip.factories import invite, request, status_of
 from tests.gateway.sip.test_endpoint import AnsweringApp, metric
 
 LoopRun = Callable[[Callable[[], Awaitable[None]]], None]
@@ -165,3 +165,19 @@ def test_an_auth_failure_is_one_log_line_with_source_user_and_count(caplog: pyte
         'reason="bad credentials" failures=2'
     )
     assert metric("ttg_sip_auth_failures_total") - before == 1
+
+
+def test_a_quiet_tcp_connection_that_carries_a_live_call_stays_open(on_loop: LoopRun) -> None:
+    async def scenario() -> None:
+        async with running_endpoint() as endpoint:
+            reader, writer = await asyncio.open_connection("127.0.0.1", endpoint.port)
+            writer.write(invite(transport="TCP"))
+            await writer.drain()
+            head = b""
+            while b" 200 OK" not in head:  # 100 Trying, then the 200 the test app answers with
+                head += await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+            assert not await closed_by_peer(reader, within_s=3 * LIMITS.tcp_idle_timeout_s)
+            assert endpoint.tcp_connections == 1
+            writer.close()
+
+    on_loop(scenario)
