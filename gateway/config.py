@@ -172,7 +172,9 @@ class RtpSettings(BaseModel):
         300.0, ge=0, description="The same while the call is on hold (sendonly/inactive/0.0.0.0; 0 = never)"
     )
     relatch_after_ms: int = Field(
-        2000, ge=0, description="Latched RTP source silent this long: accept another (0 = only via re-INVITE)"
+        2000,
+        ge=0,
+        description="Latched RTP source silent this long: follow its stream (same SSRC) to a new address",
     )
     port_quarantine_s: float = Field(
         2.0, ge=0, description="A released RTP port pair rests this long before reuse"
