@@ -96,6 +96,7 @@ class _TcpConnection(asyncio.Protocol):
         self.partial_since: float | None = None  # when the message still being received began
         self.registered = False
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Any stream transport will do (uvloop's is not an asyncio.Transport subclass).
@@ -125,7 +126,9 @@ class _TcpConnection(asyncio.Protocol):
         if self.framer.buffered == 0:
             self.partial_since = None
         elif messages or self.partial_since is None:
-            self.partial_since = now  # a new message began
+            self.partial_since = now  # a new message began: its (earlier) deadline needs the timer
+            if self._deadline() < self._timer_at:
+                self._arm()
         for message in messages:
             if message == b"\r\n\r\n":
                 if self.transport is not None:
@@ -144,7 +147,8 @@ class _TcpConnection(asyncio.Protocol):
             self.transport.close()
 
     # One lazy timer per connection: it fires at the earliest possible expiry and re-arms itself when
-    # data came in meanwhile, so receiving costs no timer churn.
+    # data came in meanwhile, so receiving costs no timer churn; only a message that begins (with its
+    # shorter deadline) moves it earlier.
 
     def _deadline(self) -> float:
         cfg = self.endpoint.transport_config
@@ -157,11 +161,14 @@ class _TcpConnection(asyncio.Protocol):
         loop = self.endpoint._loop
         if loop is None:
             return
-        delay = max(0.0, self._deadline() - self.endpoint.now())
-        self._timer = loop.call_later(delay, self._on_timer)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = self._deadline()
+        self._timer = loop.call_later(max(0.0, self._timer_at - self.endpoint.now()), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
+        self._timer_at = float("inf")
         now = self.endpoint.now()
         if now < self._deadline():
             self._arm()

@@ -37,10 +37,10 @@ LIMITS = TransportConfig(tcp_max_per_source=3, tcp_idle_timeout_s=0.4, tcp_heade
 
 
 @contextlib.asynccontextmanager
-async def running_endpoint() -> AsyncIterator[SipEndpoint]:
+async def running_endpoint(limits: TransportConfig = LIMITS) -> AsyncIterator[SipEndpoint]:
     app = AnsweringApp()
     ua = UserAgent(AgentConfig(host="127.0.0.1", port=0))
-    ep = SipEndpoint(ua, app, host="127.0.0.1", port=0, transport=LIMITS)
+    ep = SipEndpoint(ua, app, host="127.0.0.1", port=0, transport=limits)
     app.endpoint = ep
     await ep.start()
     try:
@@ -115,6 +115,20 @@ def test_a_message_not_completed_within_the_header_timeout_closes_the_connection
                     break
             assert await closed_by_peer(reader)
             assert metric("ttg_sip_errors_total", reason="tcp_incomplete") - before == 1
+            writer.close()
+
+    on_loop(scenario)
+
+
+def test_a_slow_sender_is_cut_at_the_header_timeout_even_with_a_long_idle_timeout(on_loop: LoopRun) -> None:
+    async def scenario() -> None:
+        limits = TransportConfig(tcp_idle_timeout_s=60.0, tcp_header_timeout_s=0.3)
+        async with running_endpoint(limits) as endpoint:
+            reader, writer = await asyncio.open_connection("127.0.0.1", endpoint.port)
+            await asyncio.sleep(0.2)  # connected, quiet (the idle timer runs)
+            writer.write(request("OPTIONS", transport="TCP")[:30])  # a message begins, never ends
+            await writer.drain()
+            assert await closed_by_peer(reader, within_s=5.0)
             writer.close()
 
     on_loop(scenario)
