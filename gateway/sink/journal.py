@@ -125,14 +125,12 @@ class CallJournal:
 
     # --- internals ---------------------------------------------------------------------------------
     def _rewrite(self) -> None:
-        """Replace the file by one S line per live call (tmp + rename: a crash keeps one or the other)."""
+        """Replace the file by one S line per live call (tmp + rename: a crash of the process keeps one
+        or the other). No fsync: this runs on the event loop, and the journal is not fsynced anyway."""
         path = self.dir / JOURNAL_FILE
         tmp = self.dir / (JOURNAL_FILE + ".tmp")
         data = "".join(f"S {_json(c)}\n" for c in self._live.values()).encode("utf-8", "surrogateescape")
-        with tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        tmp.write_bytes(data)
         os.replace(tmp, path)
         if self._fd >= 0:
             os.close(self._fd)

@@ -123,3 +123,17 @@ def test_a_torn_last_line_is_skipped_and_the_file_is_compacted_to_the_live_calls
     lines = (tmp_path / JOURNAL_FILE).read_text().splitlines()
     assert len(lines) == 1 and lines[0].startswith("S ")
     again.close()
+
+
+def test_the_journal_stays_small_over_a_long_call_and_keeps_its_last_seq(tmp_path: Path) -> None:
+    journal, _ = CallJournal.open(tmp_path)
+    base = {"call_id": "long", "leg": "caller", "sip_call_id": "long@sip", "lang": "en-US"}
+    journal.committed({**base, "type": "call_start", "seq": "1", "ts": "1.0"})
+    for seq in range(2, 5002):  # one flush per batch; here a batch per event
+        journal.committed({**base, "type": "partial", "seq": str(seq), "ts": str(seq / 10)})
+        journal.flush()
+    lines = (tmp_path / JOURNAL_FILE).read_text().splitlines()
+    assert len(lines) <= 1001
+    journal.close()
+    _, (call,) = CallJournal.open(tmp_path)
+    assert (call.seq, call.started_ts, call.last_ts) == (5001, 1.0, 500.1)
