@@ -28,14 +28,17 @@ def started_calls(gw: Serve) -> list[str]:
     return re.findall(r"call (\w+) started:", gw.log())
 
 
-def speech_calls(port: int, speech: Speech, workdir: Path, *, calls: int, rate: float) -> SippResult:
-    """ops/pbx/sipp/speech_call.xml against 127.0.0.1:`port` (the proxy, or a gateway directly)."""
+def speech_calls(
+    port: int, speech: Speech, workdir: Path, *, calls: int, rate: float, hold_ms: int = 500
+) -> SippResult:
+    """ops/pbx/sipp/speech_call.xml against 127.0.0.1:`port` (the proxy, or a gateway directly); each
+    call lasts the speech plus `hold_ms`."""
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(speech.path, workdir / "speech.ulaw")  # the scenario streams ./speech.ulaw
     ports = port_block(8 + 4 * calls)
     return run_sipp(
         SCENARIO, port, workdir, calls=calls, rate=rate, local_port=ports + 1, media_port=ports + 4,
-        timeout_s=speech.ms / 1000 + 40, extra=("-d", str(speech.ms + 500), "-key", "lang", "en-US"),
+        timeout_s=speech.ms / 1000 + 40, extra=("-d", str(speech.ms + hold_ms), "-key", "lang", "en-US"),
     )  # fmt: skip
 
 
@@ -90,8 +93,11 @@ async def test_six_calls_through_the_dispatcher_spread_over_two_gateways_and_sur
 
     # 2. Gateway A drains while calls go on: its probes get 503, new calls all go to B, none fails.
     calls_on_a = len(started_calls(a))
+    # Calls of ~6 s: A is still draining its call when the next probes come (1 s apart).
     batch = asyncio.create_task(
-        asyncio.to_thread(speech_calls, proxy.port, short_speech, tmp_path / "p2", calls=8, rate=2)
+        asyncio.to_thread(
+            speech_calls, proxy.port, short_speech, tmp_path / "p2", calls=8, rate=2, hold_ms=4000
+        )
     )
     await until(lambda: a.metric("ttg_active_calls") >= 1, "a call on gateway A", timeout_s=30)
     a.signal(signal.SIGTERM)
