@@ -21,7 +21,6 @@ import inspect
 import json
 import logging
 import re
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -29,6 +28,7 @@ from typing import Any, Protocol
 from asr_core.api import AsrEvent, EventCallback, StreamOptions
 from asr_core.errors import AsrError
 from gateway import metrics
+from gateway.addresses import advertised_address, local_ip_toward
 from gateway.audio.media import MediaSink
 from gateway.events import EventPublisher
 from gateway.rtp.ports import PortsExhausted
@@ -162,17 +162,6 @@ def call_metadata(request: SipRequest, flow: Flow, allow: Sequence[str]) -> dict
     }
 
 
-def local_ip_toward(ip: str) -> str:
-    """Our address on the route to `ip` (a connected UDP socket sends nothing; the kernel picks)."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((ip, 9))
-            return str(s.getsockname()[0])
-        except OSError:
-            return "127.0.0.1" if family == socket.AF_INET else "::1"
-
-
 # --- configuration ----------------------------------------------------------------------------------
 
 
@@ -181,7 +170,8 @@ class FrontEndConfig:
     sip_host: str = "0.0.0.0"
     sip_port: int = 5060
     advertised_host: str = ""  # Contact address; "" = our address toward each caller
-    media_host: str = ""  # SDP c=/o= address; "" = our address toward each caller
+    # SDP c=/o= address: the first concrete one of these, else our address toward each caller.
+    media_hosts: tuple[str, ...] = ()
     ptime_ms: int = 20  # a=ptime of answers when the offer has none
     transports: tuple[str, ...] = ("udp", "tcp")
     user_agent: str = "ttg"
@@ -216,7 +206,7 @@ class FrontEndConfig:
             sip_host=sip.host,
             sip_port=sip.port,
             advertised_host=sip.advertised_host,
-            media_host=_media_host(settings),
+            media_hosts=(settings.rtp.advertised_host, sip.advertised_host, settings.rtp.host),
             ptime_ms=getattr(settings.rtp, "ptime_ms", 20),
             transports=tuple(sip.transports),
             user_agent=sip.user_agent,
@@ -281,8 +271,7 @@ class TelephonyFrontEnd:
         self.media = media
         self.agent = UserAgent(
             AgentConfig(
-                host=config.advertised_host
-                or ("127.0.0.1" if _wildcard(config.sip_host) else config.sip_host),
+                host=advertised_address(config.advertised_host, config.sip_host, "127.0.0.1"),
                 port=config.sip_port,
                 user_agent=config.user_agent,
                 timers=config.timers,
@@ -417,8 +406,8 @@ class TelephonyFrontEnd:
         plan = negotiation.accepted[0] if negotiation is not None else None
         extra["codec"] = plan.codec if plan is not None else ""  # a delayed offer: known after the ACK
         toward = local_ip_toward(flow.remote[0])
-        contact_host = cfg.advertised_host or (toward if _wildcard(cfg.sip_host) else cfg.sip_host)
-        media_host = cfg.media_host or toward
+        contact_host = advertised_address(cfg.advertised_host, cfg.sip_host, toward)
+        media_host = advertised_address(*cfg.media_hosts, toward)
         session = CallSession(
             CallInfo(ref, req.call_id, language, extra),
             stream,
@@ -653,17 +642,3 @@ class TelephonyFrontEnd:
         call.tasks.add(task)
         task.add_done_callback(call.tasks.discard)
         return task
-
-
-def _wildcard(host: str) -> bool:
-    return host in ("0.0.0.0", "::", "")
-
-
-def _media_host(settings: Any) -> str:
-    """SDP address: TTG_RTP__ADVERTISED_HOST, else TTG_SIP__ADVERTISED_HOST, else the RTP bind address
-    ("" when that is a wildcard: then our address toward each caller)."""
-    rtp = settings.rtp
-    host = getattr(rtp, "advertised_host", "") or settings.sip.advertised_host
-    if host:
-        return str(host)
-    return "" if _wildcard(rtp.host) else str(rtp.host)

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from gateway.addresses import is_unspecified
 from gateway.config import Settings
 from gateway.events import CallEvent, EventPublisher
 from gateway.http import HttpServer, Readiness
@@ -63,7 +64,6 @@ FORCED_FLUSH_S = 1.0
 ENGINE_FAILURE_GRACE_S = 5.0
 ENGINE_SHUTDOWN_S = 10.0
 
-_WILDCARDS = frozenset({"", "0.0.0.0", "::", "0:0:0:0:0:0:0:0"})
 LOG_FORMAT = "%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s"
 LOG_DATEFMT = "%Y-%m-%dT%H:%M:%S"
 
@@ -194,7 +194,7 @@ def check_settings(s: Settings) -> list[Finding]:
             )
         )
     advertised = s.rtp.advertised_host or s.sip.advertised_host
-    if (s.sip.host in _WILDCARDS or s.rtp.host in _WILDCARDS) and not advertised:
+    if (is_unspecified(s.sip.host) or is_unspecified(s.rtp.host)) and not advertised:
         out.append(
             Finding(
                 logging.WARNING,
@@ -206,7 +206,7 @@ def check_settings(s: Settings) -> list[Finding]:
         )
     for name, host in (("TTG_SIP__ADVERTISED_HOST", s.sip.advertised_host),
                        ("TTG_RTP__ADVERTISED_HOST", s.rtp.advertised_host)):  # fmt: skip
-        if host in _WILDCARDS - {""}:
+        if host and is_unspecified(host):
             out.append(Finding(logging.ERROR, f"{name}={host} is a wildcard: advertise a reachable address"))
     if not _is_loopback(s.http.host):
         out.append(
