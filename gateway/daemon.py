@@ -6,8 +6,7 @@ Startup, in this order (what an operator sees):
 1. Settings from `TTG_*` (NEMO_* aliases), then the command-line flags on top. A bad value, an RTP
    port range too small for `TTG_SIP__MAX_CALLS`, or a bundle that does not load ends the process
    with one line on stderr and exit status 2, before any port is bound.
-2. The model bundle is loaded once (no bundle given: the embedded demo model; without one, a
-   generated tiny random bundle with a loud warning that its transcripts are meaningless).
+2. The model bundle is loaded once (no bundle given: the embedded demo model).
 3. The sink opens its spool (events a previous run could not deliver are sent first) and starts;
    Redis being unreachable is not fatal: events wait in memory, then in the spool.
 4. HTTP (/metrics, /healthz, /readyz) comes up: /readyz says "model not loaded" until step 6.
@@ -32,7 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import io
 import ipaddress
 import logging
 import os
@@ -283,30 +281,22 @@ def configure_logging(level: int) -> None:
 class ModelChoice:
     dir: Path
     name: str  # call_start `model`, ttg_build_info{model}
-    meaningless: bool = False  # a random bundle: transcripts are noise
 
 
 def choose_model(s: Settings) -> ModelChoice:
-    """The configured bundle, else the embedded demo model, else a generated tiny random bundle."""
+    """The configured bundle, else the embedded demo model (asr_core/demo_model, shipped with the package)."""
     from asr_core.model import embedded_model_dir
 
     if s.model.dir:
         d = Path(s.model.dir).expanduser()
         return ModelChoice(d, d.resolve().name or str(d))
     embedded = embedded_model_dir()
-    if embedded is not None:
-        return ModelChoice(embedded, "demo")
-    # Until the demo model ships: the bundle generator lives in tools/ (installed with the package);
-    # this fallback, and with it this one import against the gateway → asr_core direction, goes then.
-    from tools.transcribe import default_model_dir
-
-    try:
-        return ModelChoice(default_model_dir(err=io.StringIO()), "tiny-random", meaningless=True)
-    except Exception as e:
+    if embedded is None:
         raise StartupError(
-            f"no model given (TTG_MODEL__DIR / --model), no embedded demo model, and generating a tiny "
-            f"random one failed: {type(e).__name__}: {e}"
-        ) from None
+            "no model given (TTG_MODEL__DIR / --model) and this install has no embedded demo model "
+            "(asr_core/demo_model): point TTG_MODEL__DIR at a bundle"
+        )
+    return ModelChoice(embedded, "demo")
 
 
 @contextlib.contextmanager
@@ -583,10 +573,10 @@ class Daemon:
         self.readiness.details["active_calls"] = lambda: self.frontend.active_calls
         self.readiness.model_loaded = True
         logger.info(
-            "ready: SIP %s on %s:%d, RTP %s:%d-%d, HTTP %s, Redis %s stream %s, model %s%s",
+            "ready: SIP %s on %s:%d, RTP %s:%d-%d, HTTP %s, Redis %s stream %s, model %s",
             "+".join(s.sip.transports).upper(), s.sip.host, self.frontend.sip_port, s.rtp.host,
             s.rtp.port_min, s.rtp.port_max, self.http.url, redact_url(s.redis.url), s.redis.stream,
-            self.choice.name, " (RANDOM WEIGHTS: MEANINGLESS TRANSCRIPTS)" if self.choice.meaningless else "",
+            self.choice.name,
         )  # fmt: skip
 
     async def _check_redis(self) -> None:
@@ -693,12 +683,6 @@ def main(args: argparse.Namespace) -> int:
         logger.log(f.level, "%s", f.message)
     try:
         choice = choose_model(settings)
-        if choice.meaningless:
-            logger.warning(
-                "NO MODEL GIVEN AND NO EMBEDDED DEMO MODEL: serving a TINY RANDOM bundle (%s); its "
-                "transcripts are MEANINGLESS. Set TTG_MODEL__DIR (or --model DIR) to a real bundle.",
-                choice.dir,
-            )
         t0 = time.monotonic()
         model = load_model(settings, choice)
     except StartupError as e:

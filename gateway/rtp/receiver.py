@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway import metrics
-from gateway.audio.media import (
+from gateway.rtp.media import (
     PENDING_PLAN,
     AudioBlock,
     DtmfDigit,

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from asr_core.api import EventCallback, StreamEnded, StreamOptions
-from gateway.audio.media import MediaConfig
 from gateway.calls import FrontEndConfig, TelephonyFrontEnd
 from gateway.events import CallEvent
+from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import MediaManager
 from gateway.sip.admission import AdmissionConfig
 from gateway.sip.agent import AgentConfig, Flow, UserAgent

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from gateway.audio.media import MediaConfig
+from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import CallMedia, MediaManager, PortsExhausted
 from gateway.rtp.sender import Impairments, RtpSender, ScheduledPacket
 from gateway.sdp import MediaPlan

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from gateway.audio.media import MediaConfig
 from gateway.calls import FrontEndConfig, TelephonyFrontEnd
+from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import MediaManager
 from tests.fixtures.telephony import SIPP, MemoryPublisher, RecordingEngine, SippResult, run_sipp
 
