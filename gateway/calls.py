@@ -23,7 +23,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from asr_core.api import AsrEvent, EventCallback, StreamOptions
 from asr_core.errors import AsrError
@@ -55,6 +55,9 @@ from gateway.sip.endpoint import SipEndpoint
 from gateway.sip.headers import HeaderSyntaxError, parse_sip_uri, unescape, uri_scheme
 from gateway.sip.message import SipRequest
 from gateway.sip.transaction import TimerConfig
+
+if TYPE_CHECKING:
+    from gateway.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +193,7 @@ class FrontEndConfig:
     model_name: str = ""
 
     @classmethod
-    def from_settings(cls, settings: Any, *, model_name: str = "") -> FrontEndConfig:
+    def from_settings(cls, settings: Settings, *, model_name: str = "") -> FrontEndConfig:
         """From `gateway.config.Settings` (read at the edge; the front end gets this dataclass)."""
         sip = settings.sip
         digest = None
@@ -207,7 +210,7 @@ class FrontEndConfig:
             sip_port=sip.port,
             advertised_host=sip.advertised_host,
             media_hosts=(settings.rtp.advertised_host, sip.advertised_host, settings.rtp.host),
-            ptime_ms=getattr(settings.rtp, "ptime_ms", 20),
+            ptime_ms=settings.rtp.ptime_ms,
             transports=tuple(sip.transports),
             user_agent=sip.user_agent,
             admission=AdmissionConfig(
@@ -225,7 +228,7 @@ class FrontEndConfig:
             language_header=sip.language_header,
             dnis_languages=dict(sip.dnis_languages),
             metadata_headers=tuple(sip.metadata_headers),
-            codecs=tuple(getattr(settings.rtp, "codecs", ("PCMU", "PCMA"))),
+            codecs=tuple(settings.rtp.codecs),
             answer_delay_s=sip.answer_delay_ms / 1000.0,
             finish_timeout_s=sip.asr_finish_timeout_s,
             model_name=model_name,

@@ -40,13 +40,16 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway.addresses import is_unspecified
 from gateway.config import Settings
 from gateway.events import CallEvent, EventPublisher
 from gateway.http import HttpServer, Readiness
+
+if TYPE_CHECKING:
+    from asr_core.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -412,14 +415,38 @@ class CallLogPublisher:
 EngineFactory = Callable[[Any, Callable[[BaseException], None]], Any]
 
 
+def engine_config(s: Settings) -> EngineConfig:
+    """The engine's dataclasses from the typed settings: built field by field, so a renamed setting
+    is a type error here instead of a silent fall-back to a default."""
+    from asr_core.config import DecoderConfig, EndpointConfig, EngineConfig, SchedulerConfig
+
+    return EngineConfig(
+        scheduler=SchedulerConfig(
+            max_batch=s.encoder.max_batch,
+            max_wait_ms=s.encoder.max_wait_ms,
+            max_queued_chunks=s.encoder.max_queued_chunks,
+            max_undecoded_chunks=s.decoder.max_undecoded_chunks,
+        ),
+        decoder=DecoderConfig(mode=s.decoder.mode, workers=s.decoder.workers),
+        endpoint=EndpointConfig(
+            blank_ms=s.asr.endpoint_blank_ms,
+            energy_db=s.asr.endpoint_energy_db,
+            max_blank_ms=s.asr.endpoint_max_blank_ms,
+            max_segment_ms=s.asr.max_segment_ms,
+            partial_interval_ms=s.asr.partial_interval_ms,
+            partials=s.asr.partials,
+        ),
+        default_language=s.asr.language or "auto",
+        default_lookahead=s.asr.lookahead,
+    )
+
+
 def default_engine_factory(settings: Settings) -> EngineFactory:
     def make(model: Any, on_fatal: Callable[[BaseException], None]) -> Any:
-        from asr_core.config import EngineConfig
         from asr_core.engine import AsrEngine
         from gateway.metrics import PrometheusEngineHooks
 
-        config = EngineConfig.from_settings(settings.model_dump())
-        return AsrEngine(model, config, PrometheusEngineHooks(), on_fatal=on_fatal)
+        return AsrEngine(model, engine_config(settings), PrometheusEngineHooks(), on_fatal=on_fatal)
 
     return make
 
