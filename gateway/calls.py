@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
-import inspect
 import json
 import logging
 import re
@@ -32,6 +31,7 @@ from gateway.addresses import advertised_address, local_ip_toward
 from gateway.events import EventPublisher
 from gateway.rtp.media import MediaSink
 from gateway.rtp.ports import PortsExhausted
+from gateway.rtp.stats import MediaStats
 from gateway.sdp import MediaPlan, Negotiation, SdpAnswerer, SdpError, negotiate, negotiate_answer, parse_sdp
 from gateway.session import AsrStreamLike, CallInfo, CallSession, CallState, SessionInput, SipAction
 from gateway.sip.admission import AdmissionConfig
@@ -81,10 +81,10 @@ class CallMedia(Protocol):
     @property
     def port(self) -> int: ...
 
-    def update(self, plan: MediaPlan) -> Any: ...
+    def update(self, plan: MediaPlan) -> None: ...
 
-    def close(self) -> Any:
-        """Flush (the last audio reaches the sink) and return the stats (or an awaitable of them)."""
+    def close(self) -> MediaStats:
+        """Flush (the last audio reaches the sink), free the ports and return the final stats."""
 
 
 class MediaManager(Protocol):
@@ -563,31 +563,12 @@ class TelephonyFrontEnd:
             self._check_ended(call)
             return
         call.media_closing = True
+        stats: MediaStats | None = None
         try:
-            result = call.media.close()
+            stats = call.media.close()
         except Exception:
             logger.exception("call %s: closing media failed", call.ref)
-            result = None
-        if inspect.isawaitable(result):
-            self._spawn(call, self._await_close(call, result))
-        else:
-            self._media_closed(call, result)
-
-    async def _await_close(self, call: _Call, pending: Any) -> None:
-        try:
-            stats = await pending
-        except Exception:
-            logger.exception("call %s: closing media failed", call.ref)
-            stats = None
-        self._media_closed(call, stats)
-
-    def _media_closed(self, call: _Call, stats: Any) -> None:
-        fields: dict[str, str] = {}
-        if hasattr(stats, "to_fields"):
-            fields = dict(stats.to_fields())
-        elif isinstance(stats, Mapping):
-            fields = {str(k): str(v) for k, v in stats.items()}
-        call.session.media_closed(fields, self.sip.now())
+        call.session.media_closed(stats.to_fields() if stats is not None else None, self.sip.now())
         self._check_ended(call)
         self._rearm(call)
 

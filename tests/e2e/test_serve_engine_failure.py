@@ -81,9 +81,7 @@ async def test_an_engine_failure_ends_every_call_and_exits_with_status_1(
     model = await asyncio.to_thread(AsrModel.load, tiny_bundle, "f32")
 
     def engine(m: Any, on_fatal: Any) -> AsrEngine:
-        return AsrEngine(
-            FailingModel(m, 12), engine_config(settings), on_fatal=on_fatal
-        )
+        return AsrEngine(FailingModel(m, 12), engine_config(settings), on_fatal=on_fatal)
 
     daemon = Daemon(
         settings, model, ModelChoice(tiny_bundle, "tiny"), engine_factory=engine, install_signals=False
