@@ -550,7 +550,7 @@ class Daemon:
         return self.exit_code
 
     async def _start(self) -> None:
-        from gateway.calls import FrontEndConfig, TelephonyFrontEnd
+        from gateway.call.frontend import FrontEndConfig, TelephonyFrontEnd
         from gateway.metrics import init_metrics
         from gateway.rtp.receiver import MediaManager
         from gateway.sink import RedisSink

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from gateway.addresses import advertised_address, is_unspecified
-from gateway.calls import FrontEndConfig
+from gateway.call.frontend import FrontEndConfig
 from gateway.config import Settings
 from gateway.daemon import check_settings
 from gateway.sdp import SdpAnswerer, negotiate, negotiate_answer, parse_sdp

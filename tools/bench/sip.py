@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from asr_core.api import EventCallback, StreamEnded, StreamOptions
-from gateway.calls import FrontEndConfig, TelephonyFrontEnd
+from gateway.call.frontend import FrontEndConfig, TelephonyFrontEnd
 from gateway.events import CallEvent
 from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import MediaManager

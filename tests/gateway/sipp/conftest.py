@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from gateway.calls import FrontEndConfig, TelephonyFrontEnd
+from gateway.call.frontend import FrontEndConfig, TelephonyFrontEnd
 from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import MediaManager
 from tests.fixtures.telephony import SIPP, MemoryPublisher, RecordingEngine, SippResult, run_sipp

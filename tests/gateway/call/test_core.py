@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from asr_core.api import StreamEnded, StreamOptions, TranscriptEvent
-from gateway.session import (
+from gateway.call.core import (
     END_INPUTS,
     TRANSITIONS,
     CallInfo,

@@ -28,12 +28,12 @@ from asr_core.api import AsrEvent, EventCallback, StreamOptions
 from asr_core.errors import AsrError
 from gateway import metrics
 from gateway.addresses import advertised_address, local_ip_toward
+from gateway.call.core import AsrStreamLike, CallInfo, CallSession, CallState, SessionInput, SipAction
 from gateway.events import EventPublisher
 from gateway.rtp.media import MediaSink
 from gateway.rtp.ports import PortsExhausted
 from gateway.rtp.stats import MediaStats
 from gateway.sdp import MediaPlan, Negotiation, SdpAnswerer, SdpError, negotiate, negotiate_answer, parse_sdp
-from gateway.session import AsrStreamLike, CallInfo, CallSession, CallState, SessionInput, SipAction
 from gateway.sip.admission import AdmissionConfig
 from gateway.sip.agent import (
     AgentConfig,

@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from gateway.calls import FrontEndConfig, TelephonyFrontEnd, call_metadata, choose_language, dialed_number
+from gateway.call.frontend import (
+    FrontEndConfig,
+    TelephonyFrontEnd,
+    call_metadata,
+    choose_language,
+    dialed_number,
+)
 from gateway.config import Settings
 from gateway.sip.agent import Flow
 from gateway.sip.message import SipRequest, parse_message
