@@ -551,6 +551,7 @@ class Daemon:
 
     async def _start(self) -> None:
         from gateway.call.frontend import FrontEndConfig, TelephonyFrontEnd
+        from gateway.call.legs import LocalLegs
         from gateway.metrics import init_metrics
         from gateway.rtp.receiver import MediaManager
         from gateway.sink import RedisSink
@@ -587,9 +588,8 @@ class Daemon:
         )  # fmt: skip
         self.frontend = TelephonyFrontEnd(
             FrontEndConfig.from_settings(s, model_name=self.choice.name),
-            self.engine,
+            LocalLegs(self.engine, MediaManager.from_settings(s)),
             CallLogPublisher(self.sink),
-            MediaManager.from_settings(s),
         )
         try:
             await self.frontend.start()

@@ -94,7 +94,7 @@ class MediaSink(Protocol):
         """One RFC 4733 key press, exactly once, with its place on the media timeline."""
 
     def on_inactive(self) -> None:
-        """No RTP/RTCP for the (hold-aware) inactivity timeout; the session should end the call."""
+        """No RTP/RTCP for the (hold-aware) inactivity timeout; the call should end."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -205,7 +205,7 @@ class CallMedia:
         self._published: dict[str, int] = {}
         self._final: MediaStats | None = None
 
-    # --- API for the session ---------------------------------------------------------------------
+    # --- API for the leg that owns it -------------------------------------------------------------
 
     @property
     def plan(self) -> MediaPlan:

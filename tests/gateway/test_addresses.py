@@ -38,7 +38,7 @@ def test_the_advertised_address_is_the_first_concrete_candidate() -> None:
 
 def test_sdp_address_prefers_rtp_then_sip_advertised_then_a_concrete_rtp_bind_then_the_route() -> None:
     def media_host(s: Settings) -> str:
-        return advertised_address(*FrontEndConfig.from_settings(s).media_hosts, "10.0.0.9")
+        return advertised_address(*FrontEndConfig.from_settings(s).call.media_hosts, "10.0.0.9")
 
     s = Settings()
     assert media_host(s) == "10.0.0.9"  # bind 0.0.0.0: our address toward the caller
