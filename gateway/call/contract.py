@@ -98,7 +98,8 @@ class MediaOpened:
 
 @dataclass(frozen=True, slots=True)
 class MediaFailed:
-    """No RTP port for the leg; `exhausted` when the pool (or the OS) had none: 503, else 500."""
+    """The leg's media could not be opened (`exhausted`: no port in the pool or the OS: 503, else 500),
+    or, once open, is gone (e.g. the process receiving it died): the call ends as an error."""
 
     leg: str
     error: str

@@ -425,7 +425,9 @@ class CallCore:
         assert leg is not None
         if isinstance(event, AsrOpened | AsrRefused) and leg.asr is not AsrPhase.OPENING:
             return None  # a result nobody waits for (a duplicate)
-        if isinstance(event, MediaOpened | MediaFailed) and leg.media is not MediaPhase.OPENING:
+        if isinstance(event, MediaOpened) and leg.media is not MediaPhase.OPENING:
+            return None
+        if isinstance(event, MediaFailed) and leg.media in (MediaPhase.NONE, MediaPhase.CLOSED):
             return None
         match event:
             case AsrOpened():
@@ -450,9 +452,11 @@ class CallCore:
                 return Input.MEDIA_READY if all(g.media is MediaPhase.OPEN for g in self.legs) else None
             case MediaFailed(error=error, exhausted=exhausted):
                 self.log.warning("media of leg %s failed: %s", leg.name, error)
-                leg.media = MediaPhase.CLOSED
+                opening, leg.media = leg.media is MediaPhase.OPENING, MediaPhase.CLOSED
                 if self.over:
                     return self._finish(leg)
+                if not opening:
+                    return Input.ERROR  # a live leg's media is gone (its receiver died): no stats
                 self._rejection = (503 if exhausted else 500, "error", "failed")
                 return Input.MEDIA_FAILED
             case MediaClosed(stats=stats, audio_ms=audio_ms):

@@ -1,5 +1,5 @@
 """`ttg serve` refuses what it cannot run with one line on stderr and a non-zero exit, before it binds
-anything (a bad bundle: issue 6; bad settings), and its startup checks say what an operator needs."""
+anything (a bad bundle, bad settings), and its startup checks say what an operator needs."""
 
 from __future__ import annotations
 
