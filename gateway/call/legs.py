@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -132,7 +132,6 @@ class _LegAudio:
     accepting: bool = False  # audio goes into the stream (until it is finished, ends or refuses)
     samples: int = 0
     discarded: bool = False
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def on_audio(self, pcm16k: NDArray[np.float32], start_ms: int) -> None:
         if not self.accepting or self.stream is None:
@@ -158,7 +157,8 @@ class LocalLegs:
     def __init__(self, engine: StreamOpener, media: MediaOpener) -> None:
         self.engine = engine
         self.media = media
-        self._legs: dict[tuple[str, str], _LegAudio] = {}
+        self._calls: dict[str, dict[str, _LegAudio]] = {}  # call id -> leg name -> leg
+        self._opening: set[asyncio.Task[None]] = set()
         self._events: LegEvents | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -167,16 +167,20 @@ class LocalLegs:
         self._loop = asyncio.get_running_loop()
 
     def execute(self, call_id: str, effect: LegEffect) -> None:
-        leg = self._legs.get((call_id, effect.leg))
+        legs = self._calls.setdefault(call_id, {})
+        leg = legs.get(effect.leg)
         if leg is None:
-            leg = self._legs[(call_id, effect.leg)] = _LegAudio(
+            leg = legs[effect.leg] = _LegAudio(
                 call_id, effect.leg, lambda event: self._report(call_id, event)
             )
         match effect:
             case OpenAsr():
                 self._open_asr(leg, effect)
             case OpenMedia(plan=plan):
-                leg.opening = self._spawn(leg, self._open_media(leg, plan))
+                assert self._loop is not None
+                leg.opening = task = self._loop.create_task(self._open_media(leg, plan))
+                self._opening.add(task)
+                task.add_done_callback(self._opening.discard)
             case UpdateMedia(plan=plan):
                 if leg.media is not None:
                     leg.media.update(plan)
@@ -188,9 +192,8 @@ class LocalLegs:
                 self._close_asr(leg)
 
     def discard(self, call_id: str) -> None:
-        for key in [k for k in self._legs if k[0] == call_id]:
-            leg = self._legs.pop(key)
-            leg.discarded = True
+        for leg in self._calls.pop(call_id, {}).values():
+            leg.discarded = True  # a port still opening is closed when it arrives
             leg.accepting = False
             if leg.media is not None:
                 with contextlib.suppress(Exception):
@@ -200,12 +203,9 @@ class LocalLegs:
                 with contextlib.suppress(AsrError, RuntimeError):
                     leg.stream.close()
                 leg.stream = None
-            for task in list(leg.tasks):
-                if task is not leg.opening:  # an opening port is closed when it arrives
-                    task.cancel()
 
     async def close(self) -> None:
-        tasks = [t for leg in self._legs.values() for t in leg.tasks]
+        tasks = list(self._opening)
         for task in tasks:
             task.cancel()
         if tasks:
@@ -305,12 +305,5 @@ class LocalLegs:
             self._loop.call_soon(self._deliver, call_id, event)
 
     def _deliver(self, call_id: str, event: LegInput) -> None:
-        if self._events is not None and (call_id, event.leg) in self._legs:
+        if self._events is not None and event.leg in self._calls.get(call_id, {}):
             self._events.leg_event(call_id, event)
-
-    def _spawn(self, leg: _LegAudio, coro: Any) -> asyncio.Task[None]:
-        assert self._loop is not None
-        task = self._loop.create_task(coro)
-        leg.tasks.add(task)
-        task.add_done_callback(leg.tasks.discard)
-        return task
