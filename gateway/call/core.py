@@ -209,6 +209,7 @@ TRANSITIONS: dict[CallState, dict[Input, Row]] = {
     _S.NEW: {
         _I.OFFER_OK: (_S.OPENING, (_A.OPEN_STREAMS,)),
         _I.OFFER_REFUSED: (_S.ENDED, (_A.REJECT,)),
+        _I.ERROR: (_S.ENDED, (_A.REJECT,)),  # the offer could not even be read: 500
     },
     _S.OPENING: {
         _I.ASR_READY: (_S.SETUP, (_A.PUBLISH_START, _A.OPEN_MEDIA)),

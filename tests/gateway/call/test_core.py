@@ -275,6 +275,10 @@ SCRIPTS: dict[str, tuple[list[Step], CallState]] = {
           ["Reject 488"])],
         CallState.ENDED,
     ),
+    "a failure before the offer is taken: 500, nothing published": (
+        [(Failed("the offer could not be read"), ["Reject 500"])],
+        CallState.ENDED,
+    ),
     "an adapter failure ends the call as an error": (
         [*SETUP, (Failed("boom"), ["Hangup error", "CloseMedia caller"])],
         CallState.ENDING,

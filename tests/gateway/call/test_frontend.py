@@ -261,3 +261,13 @@ async def test_delayed_offer_whose_ack_has_no_answer_is_hung_up(rig: RigFactory)
     (end,) = r.publisher.ends().values()
     assert end.extra["reason"] == "error"
     peer.close()
+
+
+async def test_a_failure_inside_the_call_core_answers_500_and_leaves_no_call(rig: RigFactory) -> None:
+    r = await rig(codecs=("G729",))  # a configuration the negotiation rejects with an exception
+    peer = await r.peer()
+    peer.send(invite(via_host=f"127.0.0.1:{peer.port}"))
+    await peer.recv_status(500)
+    await r.settle()
+    assert r.frontend.active_calls == 0 and r.publisher.events == []
+    peer.close()
