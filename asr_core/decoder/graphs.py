@@ -12,6 +12,9 @@ the three single-row answers; otherwise rows go through the batch-1 session one 
 
 One `RnntGraphs` is owned by one thread (a decoder worker): sessions run with one intra-op and one
 inter-op thread, sequential execution -- parallelism comes from workers, not from inside ORT.
+
+`RnntGraphs.from_weights` builds the two graphs in memory (asr_core.decoder.onnx_build) for a bundle
+that holds the prediction network and joint as weights: the same sessions, the same batched runs.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from numpy.typing import NDArray
 
 from asr_core.decoder.extract import ExtractError, extract_rnnt_weights
 from asr_core.decoder.numpy_rnnt import NumpyRnnt, RnntWeights
+from asr_core.decoder.onnx_build import build_decoder, build_joiner
 from asr_core.errors import BundleError
 
 F32 = NDArray[np.float32]
@@ -97,17 +101,27 @@ class RnntGraphs:
 
     def __init__(
         self,
-        decoder_path: Path | str,
-        joiner_path: Path | str,
+        decoder_path: Path | str | onnx.ModelProto,
+        joiner_path: Path | str | onnx.ModelProto,
         *,
         vocab_size: int | None = None,
         hidden_size: int | None = None,
         num_layers: int | None = None,
         threads: int = 1,
     ) -> None:
-        self.decoder_path, self.joiner_path = Path(decoder_path), Path(joiner_path)
-        dec_model = self._load(self.decoder_path)
-        joi_model = self._load(self.joiner_path)
+        """From the two files, or from graphs already in memory (`decoder_path`/`joiner_path` are
+        then their names in messages)."""
+        self._models: tuple[onnx.ModelProto, onnx.ModelProto] | None = None
+        if isinstance(decoder_path, onnx.ModelProto) and isinstance(joiner_path, onnx.ModelProto):
+            self._models = (decoder_path, joiner_path)
+            self.decoder_path, self.joiner_path = Path("decoder.onnx"), Path("joiner.onnx")
+            dec_model, joi_model = decoder_path, joiner_path
+        elif isinstance(decoder_path, onnx.ModelProto) or isinstance(joiner_path, onnx.ModelProto):
+            raise TypeError("both graphs from files, or both in memory")
+        else:
+            self.decoder_path, self.joiner_path = Path(decoder_path), Path(joiner_path)
+            dec_model = self._load(self.decoder_path)
+            joi_model = self._load(self.joiner_path)
         self.shape = self._check_io(dec_model, joi_model, vocab_size, hidden_size, num_layers)
         opts = session_options(threads)
         self._dec, self.decoder_batched = self._sessions(
@@ -120,6 +134,26 @@ class RnntGraphs:
             joi_model, self.joiner_path, opts, {"encoder_frame": 0, "decoder_out": 0, "logits": 0}
         )
         self._check_run()
+
+    @classmethod
+    def from_weights(
+        cls,
+        weights: RnntWeights,
+        *,
+        vocab_size: int | None = None,
+        hidden_size: int | None = None,
+        num_layers: int | None = None,
+        threads: int = 1,
+    ) -> RnntGraphs:
+        """Sessions of graphs built from `weights` (the sizes checked as for the files)."""
+        return cls(
+            build_decoder(weights),
+            build_joiner(weights),
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            threads=threads,
+        )
 
     # -- loading and validation -------------------------------------------------------------------
 
@@ -263,7 +297,8 @@ class RnntGraphs:
 
     def weights(self) -> RnntWeights:
         """The graphs' weights as arrays, checked against these sessions on a probe batch."""
-        weights = extract_rnnt_weights(onnx.load(str(self.decoder_path)), onnx.load(str(self.joiner_path)))
+        dec, joi = self._models or (onnx.load(str(self.decoder_path)), onnx.load(str(self.joiner_path)))
+        weights = extract_rnnt_weights(dec, joi)
         net = NumpyRnnt(weights)
         feeds = self._probe_feeds(self.decoder_path, 3)
         tokens = feeds["token"][:, 0]

@@ -3,6 +3,10 @@
 Shapes: B rows, T new encoder frames per row, D = hidden, H heads of dh, Lc cached frames, K conv
 taps. The streaming entry points (`subsample`, `encoder_stack`) are traced by `mx.compile` once per input
 shape; everything elementwise between two matmuls fuses into one kernel there.
+
+Every linear layer's weight is a `Linear`: dense (in, out), or packed affine codes that stay packed
+(`asr_core.quant`: one `mx.quantized_matmul` per product, per-module bits and group size).
+Convolutions, norms and biases are always dense.
 """
 
 from __future__ import annotations
@@ -16,19 +20,24 @@ import mlx.core as mx
 import numpy as np
 
 from asr_core.bundle import EncoderConfig
+from asr_core.quant import Linear, QuantizedLinear, addmm, concat_rows, linear
 
 
 @dataclass(frozen=True)
 class LayerParams:
     ff1_norm: tuple[mx.array, mx.array]
-    ff1_w1: mx.array  # (D, FF)
-    ff1_w2: mx.array  # (FF, D)
+    ff1_w1: Linear  # D -> FF
+    ff1_w2: Linear  # FF -> D
     att_norm: tuple[mx.array, mx.array]
-    w_qkv: mx.array  # (D, 3D) = [q | k | v], q scaled by 1/sqrt(dh)
-    b_u: mx.array  # (D,) bias_u / sqrt(dh)
-    b_v: mx.array  # (D,) bias_v / sqrt(dh)
-    w_o: mx.array  # (D, D)
-    w_pos: mx.array  # (D, D) relative_k_proj, for tables built at run time (offline)
+    # D -> 3D = [q | k | v] in one product (one part), or three products when the packed parts differ
+    # in bits or group size. q is pre-scaled by 1/sqrt(dh) when dense; packed codes keep their scales
+    # and the queries are scaled after the product (`q_scale`), so no extra rounding touches them.
+    w_qkv: tuple[Linear, ...]
+    q_scale: float  # 1.0 (folded into dense weights and b_u/b_v) or 1/sqrt(dh)
+    b_u: mx.array  # (D,) bias_u (/ sqrt(dh) when folded)
+    b_v: mx.array  # (D,) bias_v (/ sqrt(dh) when folded)
+    w_o: Linear  # D -> D
+    w_pos: Linear  # relative_k_proj, for tables built at run time (offline)
     # (H, dh, NP): projected relative positions for distances d_max down to d_min (reverse order, so
     # the rel-shift is a strided view, see `_attention`), precomputed once for streaming steps.
     pos_rev: mx.array
@@ -38,8 +47,8 @@ class LayerParams:
     dw_norm: tuple[mx.array, mx.array]
     w_pw2: mx.array  # (D, D)
     ff2_norm: tuple[mx.array, mx.array]
-    ff2_w1: mx.array
-    ff2_w2: mx.array
+    ff2_w1: Linear
+    ff2_w2: Linear
     out_norm: tuple[mx.array, mx.array]
 
 
@@ -51,17 +60,17 @@ class SubsamplingParams:
     b_dw: tuple[mx.array, ...]
     w_pw: tuple[mx.array, ...]  # (C_in, C_out)
     b_pw: tuple[mx.array, ...]
-    w_out: mx.array  # (C*F, D), input index c*F + f
+    w_out: Linear  # C*F -> D, input index c*F + f
     b_out: mx.array
 
 
 @dataclass(frozen=True)
 class HeadParams:
-    w1_x: mx.array  # (D, P): prompt_projector.linear_1 rows for the encoder output
-    w1_prompt: mx.array  # (num_prompts, P): rows for the one-hot block, plus linear_1.bias
-    w2: mx.array  # (P, D)
+    w1_x: Linear  # D -> P: prompt_projector.linear_1's inputs from the encoder output
+    w1_prompt: mx.array  # (num_prompts, P): its one-hot block as a table, plus linear_1.bias
+    w2: Linear  # P -> D
     b2: mx.array
-    w_proj: mx.array  # (D, J) encoder_projector
+    w_proj: Linear  # D -> J encoder_projector
     b_proj: mx.array
 
 
@@ -95,24 +104,34 @@ def relative_position_embedding(distances: np.ndarray, d_model: int) -> np.ndarr
     return pe
 
 
-def project_positions(w_pos: mx.array, distances: np.ndarray, n_heads: int, dtype: mx.Dtype) -> mx.array:
+def dense_in_out(w: Linear) -> mx.array:
+    """The (in, out) float32 matrix of a linear weight (packed codes dequantized)."""
+    return w.dequantize(mx.float32).T if isinstance(w, QuantizedLinear) else w.astype(mx.float32)
+
+
+def project_positions(w_pos: Linear, distances: np.ndarray, n_heads: int, dtype: mx.Dtype) -> mx.array:
     """(H, dh, len(distances)) = relpos(distances) @ relative_k_proj, in float64 then cast; the columns
-    follow `distances` (callers pass them largest first)."""
-    d_model = w_pos.shape[0]
+    follow `distances` (callers pass them largest first). A table computed once, so packed codes are
+    dequantized for it."""
+    w = np.array(dense_in_out(w_pos), dtype=np.float64)
+    d_model = w.shape[0]
     pe = relative_position_embedding(distances, d_model).astype(np.float64)
-    w = np.array(w_pos.astype(mx.float32), dtype=np.float64)
     proj = (pe @ w).reshape(len(distances), n_heads, d_model // n_heads)
     return mx.array(np.ascontiguousarray(proj.transpose(1, 2, 0)).astype(np.float32)).astype(dtype)
 
 
-def build_params(weights: Mapping[str, mx.array], cfg: EncoderConfig, dtype: mx.Dtype) -> EncoderParams:
-    """Bundle weights (HF names, MLX layouts) -> fused arrays in `dtype`."""
+def build_params(weights: Mapping[str, Linear], cfg: EncoderConfig, dtype: mx.Dtype) -> EncoderParams:
+    """Bundle weights (HF names; dense in MLX layouts, or packed) -> fused arrays in `dtype`; packed
+    codes stay packed, their scales and biases in `dtype`."""
 
     def w(name: str) -> mx.array:
+        return _dense(weights[name], name).astype(dtype)
+
+    def lin(name: str) -> Linear:
         return weights[name].astype(dtype)
 
     def w32(name: str) -> mx.array:
-        return weights[name].astype(mx.float32)
+        return _dense(weights[name], name).astype(mx.float32)
 
     def taps(kernel: mx.array) -> tuple[mx.array, ...]:  # OHWI (C, kt, kf, 1) -> kt-major taps
         return tuple(kernel[:, kt, kf, 0] for kt in range(kernel.shape[1]) for kf in range(kernel.shape[2]))
@@ -130,22 +149,20 @@ def build_params(weights: Mapping[str, mx.array], cfg: EncoderConfig, dtype: mx.
     for n in range(cfg.num_hidden_layers):
         p = f"encoder.layers.{n}."
         a = p + "self_attn."
-        scale = dh**-0.5
-        wq = w32(a + "q_proj.weight") * scale
-        w_kv = [w32(a + "k_proj.weight"), w32(a + "v_proj.weight")]
-        w_qkv = mx.concatenate([wq, *w_kv], axis=1)
-        b_u, b_v = w32(a + "bias_u").reshape(-1) * scale, w32(a + "bias_v").reshape(-1) * scale
+        w_qkv, q_scale = _qkv(weights, a, dh**-0.5, dtype)
+        b_u, b_v = (w32(a + name).reshape(-1) * (dh**-0.5 / q_scale) for name in ("bias_u", "bias_v"))
         layers.append(
             LayerParams(
                 ff1_norm=norm(p + "norm_feed_forward1"),
-                ff1_w1=w(p + "feed_forward1.linear1.weight"),
-                ff1_w2=w(p + "feed_forward1.linear2.weight"),
+                ff1_w1=lin(p + "feed_forward1.linear1.weight"),
+                ff1_w2=lin(p + "feed_forward1.linear2.weight"),
                 att_norm=norm(p + "norm_self_att"),
-                w_qkv=w_qkv.astype(dtype),
+                w_qkv=w_qkv,
+                q_scale=q_scale,
                 b_u=b_u.astype(dtype),
                 b_v=b_v.astype(dtype),
-                w_o=w(a + "o_proj.weight"),
-                w_pos=w(a + "relative_k_proj.weight"),
+                w_o=lin(a + "o_proj.weight"),
+                w_pos=lin(a + "relative_k_proj.weight"),
                 pos_rev=project_positions(weights[a + "relative_k_proj.weight"], distances, H, dtype),
                 conv_norm=norm(p + "norm_conv"),
                 w_pw1=w(p + "conv.pointwise_conv1.weight"),
@@ -153,8 +170,8 @@ def build_params(weights: Mapping[str, mx.array], cfg: EncoderConfig, dtype: mx.
                 dw_norm=norm(p + "conv.norm"),
                 w_pw2=w(p + "conv.pointwise_conv2.weight"),
                 ff2_norm=norm(p + "norm_feed_forward2"),
-                ff2_w1=w(p + "feed_forward2.linear1.weight"),
-                ff2_w2=w(p + "feed_forward2.linear2.weight"),
+                ff2_w1=lin(p + "feed_forward2.linear1.weight"),
+                ff2_w2=lin(p + "feed_forward2.linear2.weight"),
                 out_norm=norm(p + "norm_out"),
             )
         )
@@ -168,20 +185,21 @@ def build_params(weights: Mapping[str, mx.array], cfg: EncoderConfig, dtype: mx.
         b_dw=tuple(w(s + f"layers.{i}.depthwise_conv.bias") for i in range(n_later)),
         w_pw=tuple(w(s + f"layers.{i}.pointwise_conv.weight")[:, 0, 0, :].T for i in range(n_later)),
         b_pw=tuple(w(s + f"layers.{i}.pointwise_conv.bias") for i in range(n_later)),
-        w_out=w(s + "linear.weight"),
+        w_out=lin(s + "linear.weight"),
         b_out=w(s + "linear.bias"),
     )
     D = cfg.hidden_size
-    w1 = w("prompt_projector.linear_1.weight")  # (D + num_prompts, P)
+    w1 = weights["prompt_projector.linear_1.weight"]  # D + num_prompts -> P
+    # one-hot(p) @ W1[D:] is row p of W1[D:]: a table; folding the bias in saves an add per step.
+    w1_prompt = dense_in_out(w1)[D:] + w32("prompt_projector.linear_1.bias")
     head = HeadParams(
-        w1_x=w1[:D],
-        # one-hot(p) @ W1[D:] is row p of W1[D:]; folding the bias in saves an add per step.
-        w1_prompt=(
-            w1[D:].astype(mx.float32) + weights["prompt_projector.linear_1.bias"].astype(mx.float32)
-        ).astype(dtype),
-        w2=w("prompt_projector.linear_2.weight"),
+        # Packed codes split on a group boundary: (D + num_prompts) % group == 0 and num_prompts is
+        # a multiple of every MLX group size, so D is too.
+        w1_x=w1.columns(0, D).astype(dtype) if isinstance(w1, QuantizedLinear) else w1[:D].astype(dtype),
+        w1_prompt=w1_prompt.astype(dtype),
+        w2=lin("prompt_projector.linear_2.weight"),
         b2=w("prompt_projector.linear_2.bias"),
-        w_proj=w("encoder_projector.weight"),
+        w_proj=lin("encoder_projector.weight"),
         b_proj=w("encoder_projector.bias"),
     )
     # Materialize contiguous copies now so no step pays for a slice, transpose or cast.
@@ -189,10 +207,41 @@ def build_params(weights: Mapping[str, mx.array], cfg: EncoderConfig, dtype: mx.
     return _rebuild_contiguous(params)
 
 
+def _dense(w: Linear, name: str) -> mx.array:
+    if isinstance(w, QuantizedLinear):
+        raise ValueError(f"{name}: packed codes where the encoder needs a dense tensor")
+    return w
+
+
+def _qkv(
+    weights: Mapping[str, Linear], prefix: str, scale: float, dtype: mx.Dtype
+) -> tuple[tuple[Linear, ...], float]:
+    """The [q | k | v] projection as one product where the parts allow it, and the query scale left
+    to apply after it (see LayerParams.w_qkv)."""
+    parts = [weights[prefix + f"{x}_proj.weight"] for x in ("q", "k", "v")]
+    dense = [x for x in parts if not isinstance(x, QuantizedLinear)]
+    packed = [x for x in parts if isinstance(x, QuantizedLinear)]
+    if len(dense) == 3:
+        wq, wk, wv = (x.astype(mx.float32) for x in dense)
+        return (mx.concatenate([wq * scale, wk, wv], axis=1).astype(dtype),), 1.0
+    fused = concat_rows(packed) if len(packed) == 3 else None
+    if fused is not None:
+        return (fused.astype(dtype),), scale
+    return tuple(x.astype(dtype) for x in parts), scale
+
+
+def weight_nbytes(params: EncoderParams) -> int:
+    """Bytes of every weight the encoder keeps on the device (packed codes at their packed size)."""
+    return sum(int(a.nbytes) for a in _leaves((params.layers, params.sub, params.head)))
+
+
 def _contiguous(value: Any) -> Any:
     """Copy of a params tree with every array contiguous (and evaluated by the caller)."""
     if isinstance(value, mx.array):
         return mx.contiguous(value)
+    if isinstance(value, QuantizedLinear):
+        w, scales, biases = (mx.contiguous(a) for a in value.arrays())
+        return QuantizedLinear(w, scales, biases, value.bits, value.group_size)
     if isinstance(value, tuple):
         return tuple(_contiguous(v) for v in value)
     if isinstance(value, LayerParams | SubsamplingParams | HeadParams):
@@ -203,6 +252,8 @@ def _contiguous(value: Any) -> Any:
 def _leaves(value: Any) -> list[mx.array]:
     if isinstance(value, mx.array):
         return [value]
+    if isinstance(value, QuantizedLinear):
+        return list(value.arrays())
     if isinstance(value, tuple):
         return [a for v in value for a in _leaves(v)]
     if isinstance(value, LayerParams | SubsamplingParams | HeadParams):
@@ -276,7 +327,7 @@ def subsample(
             x = mx.maximum(x @ p.sub.w_pw[i - 1] + p.sub.b_pw[i - 1], 0)
     # (B, T, F, C) -> (B, T, C*F): feature index c*F + f, as PyTorch's (B, C, T, F) flattening.
     x = x.swapaxes(2, 3).flatten(2, 3)
-    x = x @ p.sub.w_out + p.sub.b_out
+    x = linear(x, p.sub.w_out) + p.sub.b_out
     if p.cfg.scale_input:
         x = x * p.input_scale
     return x, new_rows
@@ -290,11 +341,11 @@ def _ln(x: mx.array, wb: tuple[mx.array, mx.array], eps: float) -> mx.array:
     return mx.fast.layer_norm(x, wb[0], wb[1], eps)
 
 
-def _ff(x: mx.array, norm: tuple[mx.array, mx.array], w1: mx.array, w2: mx.array, eps: float) -> mx.array:
-    h = _ln(x, norm, eps) @ w1
+def _ff(x: mx.array, norm: tuple[mx.array, mx.array], w1: Linear, w2: Linear, eps: float) -> mx.array:
+    h = linear(_ln(x, norm, eps), w1)
     h = h * mx.sigmoid(h)
     # residual + 0.5 * FF(x) in the matmul's epilogue
-    return mx.addmm(x, h, w2, alpha=0.5, beta=1.0)
+    return addmm(x, h, w2, alpha=0.5)
 
 
 def _attention(
@@ -324,6 +375,8 @@ def _attention(
     q = qkv[:, :D].reshape(B, T, H, dh)
     q_u = q.transpose(0, 2, 1, 3) + lp.b_u.reshape(H, 1, dh)  # (B, H, T, dh)
     q_v = q.reshape(B * T, H, dh).transpose(1, 0, 2) + lp.b_v.reshape(H, 1, dh)  # (H, B*T, dh)
+    if lp.q_scale != 1.0:
+        q_u, q_v = q_u * lp.q_scale, q_v * lp.q_scale
     kv_new = qkv[:, D:].reshape(B, T, 2 * D)
     kv = kv_new.reshape(B, T, 2, H, dh).transpose(2, 0, 3, 1, 4)
     if kv_cache is not None:
@@ -367,9 +420,11 @@ def conformer_layer(
 
     x = _ff(x, lp.ff1_norm, lp.ff1_w1, lp.ff1_w2, eps)
 
-    qkv = _ln(x, lp.att_norm, eps) @ lp.w_qkv
+    h = _ln(x, lp.att_norm, eps)
+    parts = [linear(h, w) for w in lp.w_qkv]
+    qkv = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
     o, kv_new = _attention(qkv, kv_cache, mask, pos_rev, shift, cfg, lp, B, T)
-    x = mx.addmm(x, o, lp.w_o)
+    x = addmm(x, o, lp.w_o)
 
     # Convolution module: pw1 -> GLU -> causal depthwise over [cache | new] -> LN -> SiLU -> pw2.
     g = _ln(x, lp.conv_norm, eps) @ lp.w_pw1
@@ -391,9 +446,9 @@ def head(p: EncoderParams, x: mx.array, prompt_ids: mx.array) -> mx.array:
     """Prompt fusion after the encoder, then encoder_projector: (B, T, D) -> (B, T, J) float32."""
     hp = p.head
     prompt = mx.take(hp.w1_prompt, prompt_ids, axis=0)[:, None, :]  # (B, 1, P)
-    z = mx.maximum(x @ hp.w1_x + prompt, 0)
-    z = z @ hp.w2 + hp.b2
-    return (z @ hp.w_proj + hp.b_proj).astype(mx.float32)
+    z = mx.maximum(linear(x, hp.w1_x) + prompt, 0)
+    z = linear(z, hp.w2) + hp.b2
+    return (linear(z, hp.w_proj) + hp.b_proj).astype(mx.float32)
 
 
 def streaming_mask(valid: mx.array, Lc: int, T: int, dtype: mx.Dtype) -> mx.array:

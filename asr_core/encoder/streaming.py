@@ -36,6 +36,7 @@ import numpy as np
 from asr_core.bundle import PRECISIONS, EncoderConfig
 from asr_core.encoder.geometry import chunk_frames, encoder_frames, first_chunk_frames
 from asr_core.encoder.layers import EncoderParams, build_params, encoder_stack, offline_forward, subsample
+from asr_core.quant import Linear
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ class StreamingEncoder:
 
     def __init__(
         self,
-        weights: Mapping[str, mx.array],
+        weights: Mapping[str, Linear],
         cfg: EncoderConfig,
         dtype: str | mx.Dtype = "f32",
         *,
