@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +159,7 @@ class Bundle:
     tensor_naming: Literal["hf", "nemo", "mlx"] = "hf"
     mel_filters_transposed: bool = False
     layout: str = ONNX_LAYOUT  # one of LAYOUTS
+    stored_precision: str = "f32"  # the dtype most of the file's float tensors are stored in
     rnnt_weights: RnntWeights | None = None  # the prediction network and joint (MLX layouts), float32
     # Quantized modules (the layout's own module paths) -> (bits, group size); empty when dense.
     quantized: Mapping[str, tuple[int, int]] = field(default_factory=lambda: MappingProxyType({}))
@@ -944,6 +946,7 @@ def load_bundle(dir: str | Path, precision: str = "f32") -> Bundle:
         joiner_path=root / JOINER_FILE,
         sentencepiece_path=sp_path if sp_path.is_file() else None,
         tensor_naming=naming,
+        stored_precision=ST_PRECISIONS[Counter(e.dtype for e in entries.values()).most_common(1)[0][0]],
         mel_filters_transposed=mel_transposed,
     )
 

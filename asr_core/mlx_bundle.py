@@ -614,8 +614,9 @@ def load_mlx_bundle(root: Path, precision: str = "auto") -> Bundle:
     config = ModelConfig(encoder=enc_cfg, **parsed.model)
 
     stored = Counter(t.entry.dtype for t in [*enc_t.values(), *dec_t.values()] if t.packed is None)
+    stored_precision = ST_PRECISIONS[stored.most_common(1)[0][0]]
     if precision == "auto":
-        precision = ST_PRECISIONS[stored.most_common(1)[0][0]] if on_gpu() else "f32"
+        precision = stored_precision if on_gpu() else "f32"
     dtype = PRECISIONS[precision]
     sp_path = root / SENTENCEPIECE_FILE
 
@@ -642,6 +643,7 @@ def load_mlx_bundle(root: Path, precision: str = "auto") -> Bundle:
         sentencepiece_path=sp_path if sp_path.is_file() else None,
         tensor_naming="mlx",
         layout=layout,
+        stored_precision=stored_precision,
         rnnt_weights=rnnt,
         quantized=MappingProxyType(dict(sorted(quantized.items()))),
     )

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=("f16", "bf16", "f32"),
         default=None,
-        help="stored dtype of the non-quantized tensors (f16; bf16 with --quantize)",
+        help="stored dtype of the non-quantized tensors (f16; with --quantize: the source's)",
     )
     parser.add_argument("--tokens", type=Path, help="tokens.txt to use (id<TAB>piece or 'piece id' lines)")
     parser.add_argument(
@@ -198,9 +198,7 @@ def _main_quantize(args: argparse.Namespace, t0: float) -> int:
         print(f"ttg export: --quantize reads a bundle directory; {args.src} is not one", file=sys.stderr)
         return 2
     try:
-        summary = export_mlx(
-            args.src, args.out, args.quantize, args.bitmap, args.group_size, args.dtype or "bf16"
-        )
+        summary = export_mlx(args.src, args.out, args.quantize, args.bitmap, args.group_size, args.dtype)
     except (MlxExportError, BundleError) as exc:
         print(f"ttg export: {exc}", file=sys.stderr)
         return 2

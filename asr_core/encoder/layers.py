@@ -120,9 +120,14 @@ def project_positions(w_pos: Linear, distances: np.ndarray, n_heads: int, dtype:
     return mx.array(np.ascontiguousarray(proj.transpose(1, 2, 0)).astype(np.float32)).astype(dtype)
 
 
-def build_params(weights: Mapping[str, Linear], cfg: EncoderConfig, dtype: mx.Dtype) -> EncoderParams:
+def build_params(
+    weights: Mapping[str, Linear], cfg: EncoderConfig, dtype: mx.Dtype, unpack: bool = False
+) -> EncoderParams:
     """Bundle weights (HF names; dense in MLX layouts, or packed) -> fused arrays in `dtype`; packed
-    codes stay packed, their scales and biases in `dtype`."""
+    codes stay packed, their scales and biases in `dtype`, unless `unpack` (then they are
+    dequantized once, here: the same values as dense weights)."""
+    if unpack:
+        weights = {n: dense_in_out(w) if isinstance(w, QuantizedLinear) else w for n, w in weights.items()}
 
     def w(name: str) -> mx.array:
         return _dense(weights[name], name).astype(dtype)

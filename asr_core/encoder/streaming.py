@@ -80,17 +80,23 @@ class StreamingEncoder:
         capacity: int = 8,
         compile: bool | None = None,
         pad_batches: bool | None = None,
+        unpack: bool | None = None,
     ) -> None:
         """Defaults depend on the device.
 
         `compile` (None: on a GPU only): mx.compile the step, which fuses elementwise chains but, on
         the CPU, costs a C++ compile per new shape and saves little next to the weight-streaming
         matmuls. `pad_batches` (None: when compiled): pad each call's rows to a few bucket sizes so a
-        varying batch does not trace anew. Either option gives the same frames within float rounding."""
+        varying batch does not trace anew. `unpack` (None: on the CPU only): dequantize packed
+        weights once instead of multiplying with the packed codes; MLX's CPU quantized matmul is not
+        BLAS-backed (docs/quantization.md: 4x slower than a dense product at 4 rows, 35-45x at 32-128),
+        while a GPU keeps the codes packed (the point of them: fewer bytes to hold and to read).
+        Every option gives the same frames within float rounding."""
         on_gpu = mx.default_device() == mx.gpu
         self.cfg = cfg
         self.dtype: mx.Dtype = PRECISIONS[dtype] if isinstance(dtype, str) else dtype
-        self.params: EncoderParams = build_params(weights, cfg, self.dtype)
+        self.unpacked = not on_gpu if unpack is None else unpack
+        self.params: EncoderParams = build_params(weights, cfg, self.dtype, self.unpacked)
         self.compiled = on_gpu if compile is None else compile
         self.pad_batches = self.compiled if pad_batches is None else pad_batches
         self._Lc = cfg.left_context_frames

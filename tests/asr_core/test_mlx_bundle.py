@@ -18,6 +18,7 @@ import pytest
 import asr_core.mlx_bundle as mlx_bundle_module
 from asr_core.bundle import MLX_AUDIO_LAYOUT, EncoderConfig, ModelConfig, load_bundle
 from asr_core.encoder import StreamingEncoder
+from asr_core.encoder.layers import weight_nbytes
 from asr_core.errors import BundleError
 from asr_core.features import FeatureConfig
 from asr_core.quant import QuantizedLinear
@@ -177,7 +178,9 @@ def test_packed_weights_stay_packed_and_the_encoder_stays_close_to_the_source(
     assert bundle.config.encoder == source.config.encoder and bundle.pieces[:-1] == source.pieces[:-1]
     assert dict(bundle.config.prompt_dictionary) == dict(source.config.prompt_dictionary)
     mel = np.random.default_rng(3).standard_normal((300, 128), dtype=np.float32)
-    ours = StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, "f32", compile=False)
+    ours = StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, "f32", compile=False, unpack=False)
+    assert isinstance(ours.params.layers[0].ff1_w1, QuantizedLinear)  # what the encoder multiplies with
+    assert len(ours.params.layers[0].w_qkv) == 1  # q, k and v packed alike: one product
     ref = StreamingEncoder(source.encoder_weights, source.config.encoder, "f32", compile=False)
     a, b = ours.forward_offline(mel, 3, 19), ref.forward_offline(mel, 3, 19)
     # bf16 storage alone costs ~1.7e-2 rel-L2 (docs/parity.md); 8-bit codes add to it
@@ -187,6 +190,22 @@ def test_packed_weights_stay_packed_and_the_encoder_stays_close_to_the_source(
     h, c = g.zero_state(2)
     got, want = g.decoder_step(np.array([0, 5]), h, c)[0], g0.decoder_step(np.array([0, 5]), h, c)[0]
     assert np.abs(got - want).max() < 2e-2 * np.abs(want).max()
+
+
+def test_on_the_cpu_packed_codes_are_dequantized_once_with_the_same_frames(
+    q8: tuple[Path, dict[str, Any]],
+) -> None:
+    bundle = load_bundle(q8[0], "f32")
+    default = StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, "f32", compile=False)
+    packed = StreamingEncoder(
+        bundle.encoder_weights, bundle.config.encoder, "f32", compile=False, unpack=False
+    )
+    assert default.unpacked and not isinstance(default.params.layers[0].ff1_w1, QuantizedLinear)
+    mel = np.random.default_rng(4).standard_normal((200, 128), dtype=np.float32)
+    np.testing.assert_allclose(
+        default.forward_offline(mel, 13, 0), packed.forward_offline(mel, 13, 0), atol=1e-5, rtol=0
+    )
+    assert weight_nbytes(packed.params) < 0.6 * weight_nbytes(default.params)
 
 
 def test_everything_is_checked_before_any_weight_is_read(copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -93,7 +93,9 @@ def stream(enc: StreamingEncoder, mel: np.ndarray, lookahead: int, prompt: int) 
 def compare(path: Path, *, seeds: tuple[int, ...] = (5,), tokens: bool = True) -> tuple[Bundle, int]:
     """ttg's load of `path` vs mlx-audio's: frames (offline, and our streaming) and greedy tokens."""
     bundle, model = load_bundle(path, "f32"), theirs(path)
-    enc = StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, "f32", compile=False)
+    # Packed codes through mx.quantized_matmul (what a GPU runs), and dequantized once (the CPU's default).
+    enc = StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, "f32", compile=False, unpack=False)
+    unpacked = StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, "f32", compile=False)
     emitted = 0
     for seed in seeds:
         mel = log_mel(probe_audio(8.0, seed=seed), bundle.mel_filters, bundle.config.features)
@@ -103,6 +105,9 @@ def compare(path: Path, *, seeds: tuple[int, ...] = (5,), tokens: bool = True) -
             ours = enc.forward_offline(mel, lookahead, prompt)
             np.testing.assert_allclose(ours, want, atol=TOL, rtol=0, err_msg=f"{path.name} r={lookahead}")
             np.testing.assert_allclose(stream(enc, mel, lookahead, prompt), ours, atol=TOL, rtol=0)
+            np.testing.assert_allclose(
+                unpacked.forward_offline(mel, lookahead, prompt), ours, atol=TOL, rtol=0
+            )
             if tokens:
                 got = our_tokens(bundle, model, ours)
                 assert got == their_tokens(model, prompted), (path.name, seed, lookahead)
@@ -151,10 +156,10 @@ def test_quantized_builds_stay_packed_and_decode_exactly_like_mlx_audio(
 def test_ttg_export_q8_writes_what_mlx_audios_converter_writes(
     builds: dict[str, Path], mlx_sources: MlxSources, tmp_path: Path
 ) -> None:
-    """The same weights through `ttg export --quantize q8` (from the five-file bundle) and through
-    mlx-audio's convert (from the .nemo): the very same tensors, the same config but for the default
-    lookahead (ours keeps the source's; the converter always writes 13)."""
-    assert export_main(_export_args(mlx_sources.bundle, tmp_path / "q8", "q8")) == 0
+    """The same weights through `ttg export --quantize q8 --dtype bf16` (from the five-file bundle) and
+    through mlx-audio's convert (from the .nemo; bf16 is its default): the very same tensors, the same
+    config but for the default lookahead (ours keeps the source's; the converter always writes 13)."""
+    assert export_main(_export_args(mlx_sources.bundle, tmp_path / "q8", "q8", dtype="bf16")) == 0
     mine = load_arrays(tmp_path / "q8" / "model.safetensors")
     want = load_arrays(builds["q8"] / "model.safetensors")
     assert mine.keys() == want.keys()
@@ -297,7 +302,7 @@ def test_the_speech_swift_layout_loads_as_its_swift_loader_reads_it(swift_model:
         bundle.quantized["joint.joint_net.2"] == (8, 64) and "prompt_kernel.layers.0" not in bundle.quantized
     )
     assert isinstance(bundle.encoder_weights["encoder.subsampling.linear.weight"], QuantizedLinear)
-    enc = StreamingEncoder(bundle.encoder_weights, cfg.encoder, "f32", compile=False)
+    enc = StreamingEncoder(bundle.encoder_weights, cfg.encoder, "f32", compile=False, unpack=False)
     mel = log_mel(probe_audio(6.0, seed=9), bundle.mel_filters, cfg.features)
     for language in ("en-US", "auto"):
         _, want = their_frames(swift_model, mel, 3, language)
@@ -312,11 +317,11 @@ def test_the_speech_swift_layout_has_its_own_names(swift_model: Any, tmp_path: P
         load_bundle(tmp_path / "b")
 
 
-def _export_args(src: Path, out: Path, scheme: str) -> argparse.Namespace:
+def _export_args(src: Path, out: Path, scheme: str, dtype: str | None = None) -> argparse.Namespace:
     return argparse.Namespace(
         src=src,
         out=out,
-        dtype=None,
+        dtype=dtype,
         tokens=None,
         sentencepiece=None,
         quantize=scheme,

@@ -3,13 +3,15 @@
     python3 -m tools.bench.quant [--size full] [--batch 1 128 512] [--schemes f16 q8 mixed68]
 
 1. writes the five-file bundle of a random model (`--size`, f16, uncalibrated weights: the step's
-   work does not depend on their values) under `--work`, unless it is there already;
+   work does not depend on their values) under `--work`, unless it is there already (or takes the
+   bundle `--source`, e.g. the demo model);
 2. exports it with `ttg export --quantize q8` and `--quantize mixed68` (tools/bundle/mlx_export.py):
    mlx-audio-layout bundles on disk;
 3. loads every scheme with `load_bundle` and builds its `StreamingEncoder` (all at `--precision`:
-   auto = f16 on a GPU, f32 on the CPU, so the schemes differ only in their weights), measuring the
-   weight bytes on the device (the encoder's arrays; packed codes at their packed size) and MLX's
-   active-memory growth while the encoder is built;
+   auto = f16 on a GPU, f32 on the CPU, so the schemes differ only in their weights; packed codes
+   stay packed on a GPU, the CPU dequantizes them unless `--packed on`), measuring the
+   weight bytes on the device (the encoder's arrays; packed codes at their packed size) and the MLX
+   memory still held once the loaded bundle is dropped (weights, position tables, an 8-slot pool);
 4. for each B: B streams per scheme at lookahead 3; a first chunk, `--warmup` later chunks (the
    attention caches fill; on a GPU the first step also compiles the kernels), then `--steps` timed
    later chunks, the schemes in turn on the same mel within every step (the order rotates), each step
@@ -39,7 +41,7 @@ import asr_core  # noqa: F401  (OpenBLAS under MLX on a CPU: must be imported be
 import mlx.core as mx
 
 # isort: on
-from asr_core.bundle import Bundle, load_bundle, on_gpu
+from asr_core.bundle import load_bundle, on_gpu
 from asr_core.encoder import ChunkInput, StreamingEncoder, chunk_frames, first_chunk_frames
 from asr_core.encoder.layers import weight_nbytes
 from tools.bench.encoder import Timing, environment, log_line
@@ -55,9 +57,21 @@ PROMPTS = (0, 19, 101)  # rows of one step speak different languages, as calls d
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=tuple(SPECS), default="full", help="model size (full)")
+    parser.add_argument(
+        "--source",
+        type=Path,
+        default=None,
+        help="an existing bundle as the f16 scheme instead of a random one",
+    )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 128, 512], help="batch sizes (1 128 512)")
     parser.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES))
     parser.add_argument("--precision", choices=("auto", "f32", "f16", "bf16"), default="auto")
+    parser.add_argument(
+        "--packed",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="multiply with the packed codes (auto: on a GPU; the CPU dequantizes them once)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="timed steps per batch size (20)")
     parser.add_argument("--warmup", type=int, default=15, help="untimed later chunks first (15)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/ttg-quant-bench"), help="bundles go here")
@@ -68,10 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def make_bundles(size: str, seed: int, work: Path, schemes: list[str]) -> dict[str, Path]:
+def make_bundles(
+    size: str, seed: int, work: Path, schemes: list[str], source: Path | None
+) -> dict[str, Path]:
     spec = SPECS[size]
-    f16 = work / f"{size}-f16"
-    if not (f16 / "joiner.onnx").is_file():
+    f16 = source or work / f"{size}-f16"
+    if source is None and not (f16 / "joiner.onnx").is_file():
         t0 = time.monotonic()
         rnnt = random_rnnt_weights(spec, seed)
         weights = BundleWeights(lambda: random_encoder_tensors(spec, seed), rnnt, {"weights": "random"})
@@ -81,7 +97,7 @@ def make_bundles(size: str, seed: int, work: Path, schemes: list[str]) -> dict[s
     for scheme in schemes:
         if scheme == "f16":
             continue
-        d = work / f"{size}-{scheme}"
+        d = work / f"{source.name if source else size}-{scheme}"
         if not (d / "model.safetensors").is_file():
             t0 = time.monotonic()
             summary = export_mlx(f16, d, scheme)
@@ -97,20 +113,25 @@ def _mb(d: Path) -> int:
     return round(sum(f.stat().st_size for f in d.iterdir() if f.is_file()) / 1e6)
 
 
-def build_encoder(bundle: Bundle, precision: str) -> tuple[StreamingEncoder, dict[str, Any]]:
+def load_encoder(
+    path: Path, precision: str, unpack: bool | None
+) -> tuple[StreamingEncoder, int, dict[str, Any]]:
+    """The bundle's encoder; the memory MLX still holds for it once the bundle itself is dropped."""
     gc.collect()
     mx.clear_cache()
     before = mx.get_active_memory()
-    enc = StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, precision, capacity=8)
-    mx.eval(enc.params.head.w1_prompt)
-    weights = weight_nbytes(enc.params)
-    info = {
-        "layout": bundle.layout,
-        "quantized_modules": len(bundle.quantized),
-        "weight_bytes": weights,
-        "active_memory_growth_bytes": mx.get_active_memory() - before,
-    }
-    return enc, info
+    bundle = load_bundle(path, precision)
+    enc = StreamingEncoder(
+        bundle.encoder_weights, bundle.config.encoder, precision, capacity=8, unpack=unpack
+    )
+    info = {"layout": bundle.layout, "quantized_modules": len(bundle.quantized), "packed": not enc.unpacked}
+    n_mels = bundle.config.encoder.n_mels
+    del bundle
+    gc.collect()
+    mx.clear_cache()
+    info["weight_bytes"] = weight_nbytes(enc.params)
+    info["active_memory_growth_bytes"] = mx.get_active_memory() - before
+    return enc, n_mels, info
 
 
 def run_batch(
@@ -152,7 +173,7 @@ def run_batch(
 def tables(memory: dict[str, dict[str, Any]], rows: list[dict[str, dict[str, Any]]], names: list[str]) -> str:
     base = names[0]
     lines = [
-        "| scheme | layout | quantized modules | weights on the device | MLX active-memory growth |",
+        "| scheme | layout | quantized modules | weights on the device | MLX memory held by the encoder |",
         "|---|---|---|---|---|",
     ]
     for n in names:
@@ -187,18 +208,15 @@ def main(args: argparse.Namespace) -> int:
     precision = args.precision if args.precision != "auto" else ("f16" if on_gpu() else "f32")
     env = environment()
     log_line(f"start: {json.dumps(env)}; precision {precision}")
-    paths = make_bundles(args.size, args.seed, args.work, names)
+    paths = make_bundles(args.size, args.seed, args.work, names, args.source)
 
     encoders: dict[str, StreamingEncoder] = {}
     memory: dict[str, dict[str, Any]] = {}
     n_mels = 0
     for name in names:
         t0 = time.monotonic()
-        bundle = load_bundle(paths[name], precision)
-        n_mels = bundle.config.encoder.n_mels
-        encoders[name], memory[name] = build_encoder(bundle, precision)
-        del bundle
-        gc.collect()
+        unpack = None if args.packed == "auto" else args.packed == "off"
+        encoders[name], n_mels, memory[name] = load_encoder(paths[name], precision, unpack)
         m = memory[name]
         log_line(
             f"{name}: {m['layout']} layout, {m['quantized_modules']} quantized modules, weights "
@@ -228,7 +246,9 @@ def main(args: argparse.Namespace) -> int:
         "command": "python3 -m tools.bench.quant " + " ".join(sys.argv[1:]),
         "environment": env,
         "size": args.size,
+        "source": str(args.source) if args.source else None,
         "precision": precision,
+        "packed": args.packed,
         "lookahead": LOOKAHEAD,
         "steps": args.steps,
         "warmup": args.warmup,

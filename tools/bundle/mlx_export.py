@@ -1,13 +1,15 @@
 """Any bundle ttg loads -> the mlx-audio layout (`config.json` + `model.safetensors`), quantized.
 
-`ttg export SRC --out DIR --quantize {q8,q5,q4,mixed68} [--bitmap FILE] [--group-size 64] [--dtype bf16]`
+`ttg export SRC --out DIR --quantize {q8,q5,q4,mixed68} [--bitmap FILE] [--group-size 64] [--dtype D]`
 
 The output is what mlx-audio's `nemotron_asr/convert.py` writes for a quantized conversion (and what
 `asr_core.mlx_bundle` and `mlx_audio.stt.load` read): NeMo module names, MLX tensor layouts, the
-non-quantized tensors in `--dtype`, and for every quantized linear layer (and the embedding) its
-affine codes packed into uint32 with `scales`/`biases` in `--dtype`. `config.json["quantization"]`
-records the bits and group size: the most common pair at the top level, every other module by path
-(mlx-audio's fine-grained form). A quantized source is dequantized first (its codes are not reused).
+non-quantized tensors in `--dtype` (default: the dtype the source stores, e.g. f16 for the published
+fp16 bundle; mlx-community's conversions are bf16), and for every quantized linear layer (and the
+embedding) its affine codes packed into uint32 with `scales`/`biases` in that dtype.
+`config.json["quantization"]` records the bits and group size: the most common pair at the top level,
+every other module by path (mlx-audio's fine-grained form). A quantized source is dequantized first
+(its codes are not reused).
 
 Which modules are quantized, and how:
 - q8 / q5 / q4: every linear layer and the embedding, at 8 / 5 / 4 bits;
@@ -311,12 +313,15 @@ def export_mlx(
     scheme: str,
     bitmap: Path | None = None,
     group_size: int = 64,
-    dtype: str = "bf16",
+    dtype: str | None = None,
 ) -> dict[str, Any]:
-    """Load `src` (any layout), write the quantized mlx-audio layout to `out`; returns a summary."""
-    if dtype not in PRECISIONS:
+    """Load `src` (any layout), write the quantized mlx-audio layout to `out`; returns a summary.
+    `dtype` of the tensors that stay dense and of the scales: the source's stored dtype by default
+    (rounding an f16 model's dense weights to bf16 costs more accuracy than 8-bit codes do)."""
+    if dtype is not None and dtype not in PRECISIONS:
         raise MlxExportError(f"dtype {dtype!r}: one of {', '.join(PRECISIONS)}")
     bundle = load_bundle(src, "f32")
+    dtype = dtype or bundle.stored_precision
     overrides = read_bitmap(bitmap, quantizable_modules(bundle.config)) if bitmap is not None else None
     choices = plan(bundle.config, scheme, overrides, group_size)
     config = mlx_config(bundle)
