@@ -100,7 +100,11 @@ def make_bundles(
         d = work / f"{source.name if source else size}-{scheme}"
         if not (d / "model.safetensors").is_file():
             t0 = time.monotonic()
-            summary = export_mlx(f16, d, scheme)
+            try:
+                summary = export_mlx(f16, d, scheme)
+            except Exception as e:  # reported; the other schemes still run
+                log_line(f"export {scheme}: FAILED {type(e).__name__}: {e}")
+                continue
             log_line(
                 f"exported {scheme}: {summary['quantized_modules']} modules {summary['by_bits']} bits, "
                 f"{_mb(d)} MB, in {time.monotonic() - t0:.0f} s"
@@ -142,19 +146,29 @@ def run_batch(
     warmup: int,
     rng: np.random.Generator,
 ) -> dict[str, dict[str, Any]]:
+    """One batch size, the schemes in turn on the same mel; a scheme that fails (a kernel the device
+    lacks, memory) is reported with its error and the others go on."""
     prompts = [PROMPTS[b % len(PROMPTS)] for b in range(batch)]
     slots = {name: [enc.alloc(p, LOOKAHEAD) for p in prompts] for name, enc in encoders.items()}
     times: dict[str, list[float]] = {name: [] for name in encoders}
     first: dict[str, float] = {}
+    errors: dict[str, str] = {}
     names = list(encoders)
     try:
         for i in range(1 + warmup + steps):
             n = first_chunk_frames(LOOKAHEAD) if i == 0 else chunk_frames(LOOKAHEAD)
             mel = rng.standard_normal((batch, n, n_mels), dtype=np.float32)
             for name in names[i % len(names) :] + names[: i % len(names)]:
+                if name in errors:
+                    continue
                 rows = [ChunkInput(s, mel[b]) for b, s in enumerate(slots[name])]
                 t0 = time.perf_counter()
-                encoders[name].step(rows)
+                try:
+                    encoders[name].step(rows)
+                except Exception as e:
+                    errors[name] = f"{type(e).__name__}: {e}"[:300]
+                    log_line(f"{name} B={batch}: FAILED {errors[name]}")
+                    continue
                 dt = time.perf_counter() - t0
                 if i == 0:
                     first[name] = dt
@@ -165,7 +179,9 @@ def run_batch(
             for s in slots[name]:
                 enc.release(s)
     return {
-        name: {"batch": batch, "first_step_s": first[name], **asdict(Timing.of(times[name]))}
+        name: {"batch": batch, "error": errors[name]}
+        if name in errors
+        else {"batch": batch, "first_step_s": first[name], **asdict(Timing.of(times[name]))}
         for name in encoders
     }
 
@@ -194,8 +210,14 @@ def tables(memory: dict[str, dict[str, Any]], rows: list[dict[str, dict[str, Any
     ]
     for row in rows:
         b = row[base]["batch"]
-        cells = [f"{row[n]['median_ms']:.2f} ({row[n]['p90_ms']:.2f})" for n in names]
-        ratios = [f"{row[n]['median_ms'] / row[base]['median_ms']:.2f}" for n in names[1:]]
+        ok = {n for n in names if "median_ms" in row[n]}
+        cells = [
+            f"{row[n]['median_ms']:.2f} ({row[n]['p90_ms']:.2f})" if n in ok else "failed" for n in names
+        ]
+        ratios = [
+            f"{row[n]['median_ms'] / row[base]['median_ms']:.2f}" if {n, base} <= ok else "—"
+            for n in names[1:]
+        ]
         lines.append(f"| {b} | " + " | ".join(cells + ratios) + " |")
     return "\n".join(lines)
 
@@ -213,10 +235,14 @@ def main(args: argparse.Namespace) -> int:
     encoders: dict[str, StreamingEncoder] = {}
     memory: dict[str, dict[str, Any]] = {}
     n_mels = 0
-    for name in names:
+    unpack = None if args.packed == "auto" else args.packed == "off"
+    for name in [n for n in names if n in paths]:
         t0 = time.monotonic()
-        unpack = None if args.packed == "auto" else args.packed == "off"
-        encoders[name], n_mels, memory[name] = load_encoder(paths[name], precision, unpack)
+        try:
+            encoders[name], n_mels, memory[name] = load_encoder(paths[name], precision, unpack)
+        except Exception as e:  # reported; the other schemes still run
+            log_line(f"load {name}: FAILED {type(e).__name__}: {e}")
+            continue
         m = memory[name]
         log_line(
             f"{name}: {m['layout']} layout, {m['quantized_modules']} quantized modules, weights "
@@ -226,6 +252,30 @@ def main(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.seed)
     rows: list[dict[str, dict[str, Any]]] = []
     skipped: list[int] = []
+    names = list(encoders)
+
+    def write_report() -> str:
+        """quant.json + quant.md with what is measured so far (also after each batch size)."""
+        text = tables(memory, rows, names)
+        report = {
+            "command": "python3 -m tools.bench.quant " + " ".join(sys.argv[1:]),
+            "environment": env,
+            "size": args.size,
+            "source": str(args.source) if args.source else None,
+            "precision": precision,
+            "packed": args.packed,
+            "lookahead": LOOKAHEAD,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "memory": memory,
+            "results": rows,
+            "skipped_batches": skipped,
+            "elapsed_s": time.monotonic() - t_start,
+        }
+        (out_dir / "quant.json").write_text(json.dumps(report, indent=2))
+        (out_dir / "quant.md").write_text(text + "\n")
+        return text
+
     for b in args.batch:
         if time.monotonic() - t_start > args.budget_s:
             skipped.append(b)
@@ -234,32 +284,16 @@ def main(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         row = run_batch(encoders, n_mels, b, args.steps, args.warmup, rng)
         rows.append(row)
+        done = [n for n in names if "median_ms" in row[n]]
         log_line(
             f"B={b} ({time.monotonic() - t0:.0f} s): "
             + ", ".join(
-                f"{n} {row[n]['median_ms']:.2f} ms (first {row[n]['first_step_s']:.1f} s)" for n in names
+                f"{n} {row[n]['median_ms']:.2f} ms (first {row[n]['first_step_s']:.1f} s)" for n in done
             )
         )
-    text = tables(memory, rows, names)
-    print(text, flush=True)
-    report = {
-        "command": "python3 -m tools.bench.quant " + " ".join(sys.argv[1:]),
-        "environment": env,
-        "size": args.size,
-        "source": str(args.source) if args.source else None,
-        "precision": precision,
-        "packed": args.packed,
-        "lookahead": LOOKAHEAD,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "memory": memory,
-        "results": rows,
-        "skipped_batches": skipped,
-        "elapsed_s": time.monotonic() - t_start,
-    }
-    (out_dir / "quant.json").write_text(json.dumps(report, indent=2))
-    (out_dir / "quant.md").write_text(text + "\n")
-    log_line(f"wrote {out_dir / 'quant.json'} and quant.md ({report['elapsed_s']:.0f} s)")
+        write_report()
+    print(write_report(), flush=True)
+    log_line(f"wrote {out_dir / 'quant.json'} and quant.md ({time.monotonic() - t_start:.0f} s)")
     return 0
 
 

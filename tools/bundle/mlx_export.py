@@ -330,17 +330,19 @@ def export_mlx(
 
     target = PRECISIONS[dtype]
     arrays: dict[str, mx.array] = {}
-    for name, w in mlx_tensors(bundle):
-        a = mx.array(w).astype(target)
-        module = name.removesuffix(".weight")
-        c = choices.get(module)
-        if name.endswith(".weight") and c is not None and c.bits is not None:
-            codes, scales, biases = mx.quantize(a, group_size=c.group_size, bits=c.bits)
-            arrays |= {name: codes, f"{module}.scales": scales, f"{module}.biases": biases}
-            mx.eval(codes, scales, biases)
-        else:
-            arrays[name] = a
-            mx.eval(a)
+    # On the CPU whatever the default device: the same codes from any machine.
+    with mx.stream(mx.cpu):
+        for name, w in mlx_tensors(bundle):
+            a = mx.array(w).astype(target)
+            module = name.removesuffix(".weight")
+            c = choices.get(module)
+            if name.endswith(".weight") and c is not None and c.bits is not None:
+                codes, scales, biases = mx.quantize(a, group_size=c.group_size, bits=c.bits)
+                arrays |= {name: codes, f"{module}.scales": scales, f"{module}.biases": biases}
+                mx.eval(codes, scales, biases)
+            else:
+                arrays[name] = a
+                mx.eval(a)
 
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / ".model.tmp.safetensors"  # mx.save_safetensors wants the suffix
