@@ -6,7 +6,6 @@ identical (a calibrated model that emits tokens on speech-like audio)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -21,12 +20,12 @@ from asr_core.decoder import GreedyDecoder
 from asr_core.encoder import ChunkInput, StreamingEncoder, chunk_frames, first_chunk_frames
 from asr_core.features import log_mel
 from asr_core.quant import QuantizedLinear
+from gateway.cli import main as ttg
 from tests.fixtures.mlx_audio import MlxSources, load_arrays, mlx_audio_convert, mlx_audio_quantize
 from tools.bundle.mlx_export import mixed68_protected
 from tools.bundle.probe import probe_audio
 from tools.bundle.prompts import PROMPT_DICTIONARY
 from tools.bundle.tokens import generated_vocabulary
-from tools.export import main as export_main
 
 mlx_audio = pytest.importorskip("mlx_audio")
 pytestmark = pytest.mark.reference  # the .nemo needs torch
@@ -159,7 +158,21 @@ def test_ttg_export_q8_writes_what_mlx_audios_converter_writes(
     """The same weights through `ttg export --quantize q8 --dtype bf16` (from the five-file bundle) and
     through mlx-audio's convert (from the .nemo; bf16 is its default): the very same tensors, the same
     config but for the default lookahead (ours keeps the source's; the converter always writes 13)."""
-    assert export_main(_export_args(mlx_sources.bundle, tmp_path / "q8", "q8", dtype="bf16")) == 0
+    assert (
+        ttg(
+            [
+                "export",
+                str(mlx_sources.bundle),
+                "--out",
+                str(tmp_path / "q8"),
+                "--quantize",
+                "q8",
+                "--dtype",
+                "bf16",
+            ]
+        )
+        == 0
+    )
     mine = load_arrays(tmp_path / "q8" / "model.safetensors")
     want = load_arrays(builds["q8"] / "model.safetensors")
     assert mine.keys() == want.keys()
@@ -177,7 +190,7 @@ def test_ttg_export_mixed68_loads_in_mlx_audio_and_decodes_the_same(
     mlx_sources: MlxSources, tmp_path: Path
 ) -> None:
     out = tmp_path / "mixed68"
-    assert export_main(_export_args(mlx_sources.bundle, out, "mixed68")) == 0
+    assert ttg(["export", str(mlx_sources.bundle), "--out", str(out), "--quantize", "mixed68"]) == 0
     bundle, emitted = compare(out, seeds=(5, 6))
     assert emitted > 0
     q = json.loads((out / "config.json").read_text())["quantization"]
@@ -315,16 +328,3 @@ def test_the_speech_swift_layout_has_its_own_names(swift_model: Any, tmp_path: P
     write_swift_bundle(tmp_path / "b", swift_model, bits=8, rename=False)  # mlx-audio's names
     with pytest.raises(Exception, match=r"missing tensor encoder\.pre_encode\.conv\.0\.conv\.weight"):
         load_bundle(tmp_path / "b")
-
-
-def _export_args(src: Path, out: Path, scheme: str, dtype: str | None = None) -> argparse.Namespace:
-    return argparse.Namespace(
-        src=src,
-        out=out,
-        dtype=dtype,
-        tokens=None,
-        sentencepiece=None,
-        quantize=scheme,
-        bitmap=None,
-        group_size=64,
-    )
