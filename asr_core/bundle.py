@@ -35,6 +35,8 @@ from asr_core.features import FeatureConfig
 from asr_core.quant import Linear
 
 if TYPE_CHECKING:
+    import onnx
+
     from asr_core.decoder.graphs import RnntGraphs
     from asr_core.decoder.numpy_rnnt import RnntWeights
 
@@ -161,6 +163,7 @@ class Bundle:
     layout: str = ONNX_LAYOUT  # one of LAYOUTS
     stored_precision: str = "f32"  # the dtype most of the file's float tensors are stored in
     rnnt_weights: RnntWeights | None = None  # the prediction network and joint (MLX layouts), float32
+    rnnt_graphs_built: tuple[onnx.ModelProto, onnx.ModelProto] | None = None  # their graphs, built once
     # Quantized modules (the layout's own module paths) -> (bits, group size); empty when dense.
     quantized: Mapping[str, tuple[int, int]] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -180,9 +183,10 @@ class Bundle:
                 num_layers=layers,
                 threads=threads,
             )
-        assert self.rnnt_weights is not None, "a bundle without graphs holds the weights"
-        return RnntGraphs.from_weights(
-            self.rnnt_weights, vocab_size=vocab, hidden_size=hidden, num_layers=layers, threads=threads
+        assert self.rnnt_graphs_built is not None, "a bundle without graph files has them built"
+        decoder, joiner = self.rnnt_graphs_built
+        return RnntGraphs(
+            decoder, joiner, vocab_size=vocab, hidden_size=hidden, num_layers=layers, threads=threads
         )
 
 

@@ -65,6 +65,7 @@ from asr_core.bundle import (
     to_mlx_layout,
 )
 from asr_core.decoder.numpy_rnnt import LstmLayer, RnntWeights
+from asr_core.decoder.onnx_build import build_decoder, build_joiner
 from asr_core.errors import BundleError
 from asr_core.features import FeatureConfig, slaney_mel_filters
 from asr_core.quant import GROUP_SIZES, QUANT_BITS, Linear, QuantizedLinear
@@ -645,6 +646,7 @@ def load_mlx_bundle(root: Path, precision: str = "auto") -> Bundle:
         layout=layout,
         stored_precision=stored_precision,
         rnnt_weights=rnnt,
+        rnnt_graphs_built=(build_decoder(rnnt), build_joiner(rnnt)),
         quantized=MappingProxyType(dict(sorted(quantized.items()))),
     )
 

@@ -13,8 +13,8 @@ the three single-row answers; otherwise rows go through the batch-1 session one 
 One `RnntGraphs` is owned by one thread (a decoder worker): sessions run with one intra-op and one
 inter-op thread, sequential execution -- parallelism comes from workers, not from inside ORT.
 
-`RnntGraphs.from_weights` builds the two graphs in memory (asr_core.decoder.onnx_build) for a bundle
-that holds the prediction network and joint as weights: the same sessions, the same batched runs.
+The graphs may also come in memory (a bundle that holds the prediction network and joint as weights
+has them built at load by asr_core.decoder.onnx_build): the same sessions, the same batched runs.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from numpy.typing import NDArray
 
 from asr_core.decoder.extract import ExtractError, extract_rnnt_weights
 from asr_core.decoder.numpy_rnnt import NumpyRnnt, RnntWeights
-from asr_core.decoder.onnx_build import build_decoder, build_joiner
 from asr_core.errors import BundleError
 
 F32 = NDArray[np.float32]
@@ -134,26 +133,6 @@ class RnntGraphs:
             joi_model, self.joiner_path, opts, {"encoder_frame": 0, "decoder_out": 0, "logits": 0}
         )
         self._check_run()
-
-    @classmethod
-    def from_weights(
-        cls,
-        weights: RnntWeights,
-        *,
-        vocab_size: int | None = None,
-        hidden_size: int | None = None,
-        num_layers: int | None = None,
-        threads: int = 1,
-    ) -> RnntGraphs:
-        """Sessions of graphs built from `weights` (the sizes checked as for the files)."""
-        return cls(
-            build_decoder(weights),
-            build_joiner(weights),
-            vocab_size=vocab_size,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            threads=threads,
-        )
 
     # -- loading and validation -------------------------------------------------------------------
 
