@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "media": ("tools.bench.media", "media receive path: per packet, per block, real UDP intake"),
     "sip": ("tools.bench.sip", "SIP parser/core cost and sipp call setup rate against the front end"),
     "sink": ("tools.bench.sink", "Redis sink throughput, publish() cost, spool write and replay"),
+    "quant": ("tools.bench.quant", "encoder step and weight memory: f16 vs q8 vs mixed68 bundles, same run"),
 }
 
 
