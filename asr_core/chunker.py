@@ -61,6 +61,14 @@ class MelChunker:
         self._n_pending = rest.shape[0]
         return out
 
+    def pending(self) -> F32 | None:
+        """The frames of the partial next chunk (fewer than a chunk; a copy, still pending here), or
+        None when there are none: what a flush encodes when the caller stopped speaking before the
+        chunk filled up."""
+        if not self._n_pending:
+            return None
+        return np.ascontiguousarray(np.concatenate(self._pending), dtype=np.float32)
+
     def finish(self) -> F32 | None:
         """The short final chunk (fewer frames than a full one), or None if the frames ended on a
         chunk boundary (or there were none)."""

@@ -11,8 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from asr_core.vad import VadConfig
+
 DecoderMode = Literal["workers", "batched"]
 DECODER_MODES: tuple[DecoderMode, ...] = ("workers", "batched")
+WordsMode = Literal["off", "final", "all"]
+WORDS_MODES: tuple[WordsMode, ...] = ("off", "final", "all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,8 @@ class EndpointConfig:
     # Partials only when the text grew, at most one per this interval per stream (0 = every growth).
     partial_interval_ms: int = 300
     partials: bool = True
+    # Which events carry `words` (times and confidence): finals only, partials too, or none.
+    words: WordsMode = "final"
 
     def __post_init__(self) -> None:
         if self.blank_ms <= 0:
@@ -92,6 +98,8 @@ class EndpointConfig:
             raise ValueError(f"max_segment_ms must be > 0, got {self.max_segment_ms}")
         if self.partial_interval_ms < 0:
             raise ValueError(f"partial_interval_ms must be >= 0, got {self.partial_interval_ms}")
+        if self.words not in WORDS_MODES:
+            raise ValueError(f"words must be one of {WORDS_MODES}, got {self.words!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +107,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)
+    # Audio-driven endpointing on each stream's front end (asr_core.vad); kind "off": token rules only.
+    vad: VadConfig = field(default_factory=VadConfig)
     # StreamOptions.language "" / lookahead None fall back to these (None = the bundle's default).
     default_language: str = "auto"
     default_lookahead: int | None = None
@@ -106,6 +116,9 @@ class EngineConfig:
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> EngineConfig:
         """Build from `gateway.config.Settings.model_dump()` (sections `asr`, `encoder`, `decoder`).
+
+        The VAD's energy gate is the assembler's quiet-audio threshold (`endpoint_energy_db`); 0 dBFS
+        there (judge by tokens only) leaves the gate at the VAD's default.
 
         Keys a section does not have keep their defaults; unknown keys are ignored, so asr_core does not
         depend on the gateway's settings classes.
@@ -120,8 +133,18 @@ class EngineConfig:
             "max_segment_ms": "max_segment_ms",
             "partial_interval_ms": "partial_interval_ms",
             "partials": "partials",
+            "words": "words",
         }
         endpoint = {dst: asr[src] for src, dst in endpoint_keys.items() if src in asr}
+        vad_keys = {
+            "vad": "kind",
+            "vad_hangover_ms": "hangover_ms",
+            "vad_min_speech_ms": "min_speech_ms",
+            "vad_webrtc_mode": "webrtc_mode",
+        }
+        vad = {dst: asr[src] for src, dst in vad_keys.items() if src in asr}
+        if asr.get("endpoint_energy_db", 0.0) < 0.0:
+            vad["energy_db"] = asr["endpoint_energy_db"]
         scheduler = _pick(SchedulerConfig, enc)
         if "max_undecoded_chunks" in dec:
             scheduler["max_undecoded_chunks"] = dec["max_undecoded_chunks"]
@@ -129,6 +152,7 @@ class EngineConfig:
             scheduler=SchedulerConfig(**scheduler),
             decoder=DecoderConfig(**_pick(DecoderConfig, dec)),
             endpoint=EndpointConfig(**endpoint),
+            vad=VadConfig(**vad),
             default_language=asr.get("language") or "auto",
             default_lookahead=asr.get("lookahead"),
         )

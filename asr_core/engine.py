@@ -18,6 +18,20 @@ scheduler is shared under one lock, held only for its (cheap) pure calls, never 
 Everything for a stream reaches its worker through one FIFO queue (opened, chunks, done), so its
 events come in order and `StreamEnded` is always last.
 
+Endpointing: each stream's front end also runs a VAD (asr_core.vad). When it decides the caller
+stopped, the stream queues a *flush*: a `ChunkPayload` with `flush=True` holding the mel frames of
+the partial next chunk. The encoder runs it as a non-committing step (frames as if the audio ended
+there; no cache written) and the worker decodes it and closes the utterance with a final at once,
+instead of waiting for the chunk to fill, its lookahead, and the token-silence rule. The flush is
+plain data on the front-end side, so it can cross a process boundary like any chunk.
+
+Decoder reconciliation: each stream's worker keeps `next_frame`, the first encoder frame it has not
+decoded. A chunk or flush starting before it is decoded only from `next_frame` on, and `next_frame`
+moves to the chunk's end. So the frames a flush covered are decoded once, from the flush (with the
+padded right context that produced the final), and the real chunk that later covers the same audio
+contributes only its frames after them: no token is decoded twice or skipped. The encoder frames of
+every later chunk are exactly those of a stream without the flush (the step wrote no cache).
+
 Front end on the caller's thread: features and chunking of a 20-320 ms push cost tens of
 microseconds of numpy (measured: docs/benchmarks.md), less than a thread hand-off would, and they
 keep each stream's audio in order without another queue. `push` never blocks on the encoder: a
@@ -51,6 +65,7 @@ from asr_core.hooks import EngineHooks, NullHooks
 from asr_core.model import BatchDecoder, EncoderBackend, EngineModel, FrontEnd, StreamDecoder
 from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepPlan, StreamPhase
 from asr_core.transcript import FRAME_MS, Token, TranscriptAssembler
+from asr_core.vad import SpeechEndDetector
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +84,9 @@ class ChunkPayload:
     mel: np.ndarray
     energies_db: np.ndarray  # per encoder frame of the chunk (full chunk length; a short one is cut)
     completed_at: float  # monotonic time of the push that completed the chunk
+    # The VAD said the caller stopped: `mel` is the partial next chunk, encoded without committing,
+    # and the utterance is closed once its frames are decoded.
+    flush: bool = False
 
 
 # -- messages to decoder workers ---------------------------------------------------------------
@@ -271,7 +289,7 @@ class AsrEngine:
             now = self._clock()
             for i, p in enumerate(payloads):
                 is_last = last and i == len(payloads) - 1
-                dropped += self._sched.push_chunk(key, p, now, is_last=is_last)
+                dropped += self._sched.push_chunk(key, p, now, is_last=is_last, flush=p.flush)
             if dropped and key in self._streams:
                 self._streams[key].shared.dropped = dropped[-1].dropped_total
             if end and not last:
@@ -358,7 +376,7 @@ class AsrEngine:
             self._slots[j.key] = encoder.alloc(j.prompt_id, j.lookahead)
         if not plan.rows:
             return
-        rows = [(self._slots[r.key], r.payload.mel, r.is_last) for r in plan.rows]
+        rows = [(self._slots[r.key], r.payload.mel, r.is_last, r.flush) for r in plan.rows]
         t0 = time.perf_counter()
         frames = encoder.step(rows)
         seconds = time.perf_counter() - t0
@@ -402,6 +420,8 @@ class AsrStream:
         self._frame_span = shared.lookahead + 1
         self._hist = np.zeros(0, np.float32)  # audio from sample _hist_start on (for frame energies)
         self._hist_start = 0
+        vad = engine.config.vad
+        self._vad = SpeechEndDetector(vad) if vad.enabled else None
 
     @property
     def stream_id(self) -> str:
@@ -426,11 +446,20 @@ class AsrStream:
                 raise StreamClosedError(f"stream {self.stream_id} is {self._state}")
             if x.size == 0:
                 return
-            chunks = self._frontend.push(x)
-            self._append_audio(x)
-            if chunks:
+            # A flush holds exactly the audio up to the VAD's decision, whatever the push sizes: the
+            # front end is fed up to that sample, flushed, then fed the rest.
+            ends = self._vad.push(x) if self._vad is not None else []
+            start, pos = self.shared.samples, 0
+            payloads: list[ChunkPayload] = []
+            for end in ends:
+                cut = end.decided_at - start
+                payloads += self._feed(x[pos:cut])
+                payloads.append(self._flush_payload())
+                pos = cut
+            payloads += self._feed(x[pos:])
+            if payloads:
                 try:
-                    self._engine._submit(self.shared.key, self._payloads(chunks), last=False, end=False)
+                    self._engine._submit(self.shared.key, payloads, last=False, end=False)
                 except StreamClosedError:
                     self._state = "ended"
                     raise
@@ -459,9 +488,13 @@ class AsrStream:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _append_audio(self, x: np.ndarray) -> None:
+    def _feed(self, x: np.ndarray) -> list[ChunkPayload]:
+        if not x.size:
+            return []
+        chunks = self._frontend.push(x)
         self._hist = np.concatenate([self._hist, x]) if self._hist.size else x.copy()
         self.shared.samples += x.size
+        return self._payloads(chunks)
 
     def _payloads(self, chunks: list[np.ndarray]) -> list[ChunkPayload]:
         now = self._engine._clock()
@@ -478,6 +511,17 @@ class AsrStream:
             self._hist = self._hist[keep_from - self._hist_start :]
             self._hist_start = keep_from
         return out
+
+    def _flush_payload(self) -> ChunkPayload:
+        """The partial next chunk as a flush (its chunk number is not used up: invariant 6 of the
+        scheduler)."""
+        first = self._chunks * self._frame_span
+        return ChunkPayload(
+            mel=self._frontend.pending(),
+            energies_db=self._energies(first),
+            completed_at=self._engine._clock(),
+            flush=True,
+        )
 
     def _energies(self, first_frame: int) -> np.ndarray:
         out = np.full(self._frame_span, _SILENT_DB, np.float32)
@@ -555,6 +599,13 @@ class _WorkerStream:
     last_completed_at: float = 0.0
     lags: list[float] = field(default_factory=list)
     queue_wait_max_s: float = 0.0
+    next_frame: int = 0  # first encoder frame not decoded yet (the reconciliation rule, module doc)
+    flushes: int = 0
+
+
+def _already_decoded(ws: _WorkerStream, c: EncodedChunk[ChunkPayload]) -> int:
+    """Frames at the start of `c` that an earlier flush already decoded (the reconciliation rule)."""
+    return min(int(c.frames.shape[0]), max(0, ws.next_frame - c.first_frame))
 
 
 class _DecoderWorker:
@@ -646,9 +697,10 @@ class _DecoderWorker:
         if ws.ended:
             return
         dec: StreamDecoder = self.decoder  # type: ignore[assignment]
+        skip = _already_decoded(ws, c)
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
-            tokens = dec.decode(ws.state, c.frames, c.first_frame)
+            tokens = dec.decode(ws.state, c.frames[skip:], c.first_frame + skip)
             dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         except Exception as e:
             logger.exception("stream %s: decoding failed", ws.shared.stream_id)
@@ -657,15 +709,18 @@ class _DecoderWorker:
         ws.decode_s += dt
         ws.decode_cpu_s += dc
         self.engine.hooks.decoder_step(dt, 1)
-        self._assemble(ws, c, tokens)
+        self._assemble(ws, c, tokens, skip)
 
     def _decode_batch(self, rnd: list[EncodedChunk[ChunkPayload]]) -> None:
         dec: BatchDecoder = self.decoder  # type: ignore[assignment]
         wss = [self.streams[c.key] for c in rnd]
+        skips = [_already_decoded(w, c) for w, c in zip(wss, rnd, strict=True)]
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
             tokens = dec.decode_batch(
-                [w.state for w in wss], [c.frames for c in rnd], [c.first_frame for c in rnd]
+                [w.state for w in wss],
+                [c.frames[k:] for c, k in zip(rnd, skips, strict=True)],
+                [c.first_frame + k for c, k in zip(rnd, skips, strict=True)],
             )
             dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         except Exception as e:
@@ -674,15 +729,22 @@ class _DecoderWorker:
                 self._fail(c.key, e)
             return
         self.engine.hooks.decoder_step(dt, len(rnd))
-        for ws, c, toks in zip(wss, rnd, tokens, strict=True):
+        for ws, c, toks, skip in zip(wss, rnd, tokens, skips, strict=True):
             ws.decode_s += dt / len(rnd)
             ws.decode_cpu_s += dc / len(rnd)
-            self._assemble(ws, c, toks)
+            self._assemble(ws, c, toks, skip)
 
-    def _assemble(self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], tokens: list[Token]) -> None:
+    def _assemble(
+        self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], tokens: list[Token], skip: int
+    ) -> None:
         n = int(c.frames.shape[0])
+        ws.next_frame = max(ws.next_frame, c.first_frame + n)
         try:
-            events = ws.assembler.update(tokens, c.first_frame, n, c.payload.energies_db[:n])
+            energies = c.payload.energies_db[skip:n]
+            events = ws.assembler.update(tokens, c.first_frame + skip, n - skip, energies)
+            if c.flush:
+                ws.flushes += 1
+                events += ws.assembler.speech_ended()
         except Exception as e:
             logger.exception("stream %s: transcript assembly failed", ws.shared.stream_id)
             self._fail(c.key, e)
@@ -742,6 +804,8 @@ class _DecoderWorker:
             "lag_p50_s": lags[len(lags) // 2] if lags else 0.0,
             "lag_p95_s": lags[min(len(lags) - 1, int(0.95 * len(lags)))] if lags else 0.0,
             "lag_max_s": lags[-1] if lags else 0.0,
+            "flushes": float(ws.flushes),
+            "orphan_pieces": float(ws.assembler.orphan_pieces),
         }
         events.append(
             StreamEnded(

@@ -32,6 +32,10 @@ class FrontEnd(Protocol):
         """Flush at end of stream: the remaining chunks and whether the last of them is the stream's
         final (short) chunk that needs end-of-stream handling in the encoder."""
 
+    def pending(self) -> np.ndarray:
+        """Mel frames (n, n_mels) of the partial next chunk, copied and kept: what a mid-stream flush
+        encodes (n may be 0)."""
+
 
 class EncoderBackend(Protocol):
     """The MLX slot pool (owned by the engine's MLX thread)."""
@@ -40,8 +44,9 @@ class EncoderBackend(Protocol):
 
     def release(self, slot: int) -> None: ...
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
-        """One batched step over (slot, mel chunk, is_last) rows -> per row (T_i, J) frames."""
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
+        """One batched step over (slot, mel chunk, is_last, flush) rows -> per row (T_i, J) frames.
+        A flush row is the slot's partial next chunk, encoded without changing the slot's state."""
 
 
 class StreamDecoder(Protocol):
@@ -223,6 +228,10 @@ class _FrontEnd:
             return [*chunks, last], True
         return chunks, False
 
+    def pending(self) -> np.ndarray:
+        mel = self._chunker.pending()
+        return mel if mel is not None else np.zeros((0, self._features.cfg.n_mels), np.float32)
+
 
 class _EncoderAdapter:
     def __init__(self, encoder: Any) -> None:
@@ -237,8 +246,10 @@ class _EncoderAdapter:
     def release(self, slot: int) -> None:
         self._encoder.release(slot)
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
-        return list(self._encoder.step([self._row(slot, mel, is_last) for slot, mel, is_last in rows]))
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
+        return list(
+            self._encoder.step([self._row(slot, mel, last, flush) for slot, mel, last, flush in rows])
+        )
 
     def warmup(self, lookahead: int, max_batch: int) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (GPU; else a no-op)."""
@@ -270,7 +281,8 @@ class _StreamDecoderAdapter:
     def decode(self, state: Any, frames: np.ndarray, first_frame: int) -> list[Token]:
         base = state.frames
         return [
-            Token(int(e.token), first_frame + int(e.frame) - base) for e in self._dec.decode(state, frames)
+            Token(int(e.token), first_frame + int(e.frame) - base, float(e.prob))
+            for e in self._dec.decode(state, frames)
         ]
 
 
@@ -287,6 +299,6 @@ class _BatchDecoderAdapter:
         bases = [s.frames for s in states]
         out = self._dec.decode(list(states), list(frames))
         return [
-            [Token(int(e.token), f0 + int(e.frame) - b) for e in ems]
+            [Token(int(e.token), f0 + int(e.frame) - b, float(e.prob)) for e in ems]
             for ems, f0, b in zip(out, first_frames, bases, strict=True)
         ]

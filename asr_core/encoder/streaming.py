@@ -47,11 +47,19 @@ from asr_core.encoder.layers import (
 
 @dataclass(frozen=True, slots=True)
 class ChunkInput:
-    """One stream's next chunk: `mel` (n, n_mels) float32 log-mel frames of slot `slot`."""
+    """One stream's next chunk: `mel` (n, n_mels) float32 log-mel frames of slot `slot`.
+
+    `flush`: a non-committing step of the stream's pending partial chunk (fewer frames than a full
+    one, possibly none), padded on the right as a last chunk is, so its frames come out without
+    waiting for the rest of the chunk and its lookahead. It reads the slot's caches but writes none
+    and does not advance the stream: the real chunk that later covers the same audio is encoded
+    exactly as if the flush had never happened.
+    """
 
     slot: int
     mel: np.ndarray
     is_last: bool = False
+    flush: bool = False
 
 
 @dataclass(slots=True)
@@ -72,6 +80,7 @@ class _Row:
     first: bool
     last: bool
     T: int
+    flush: bool = False
 
 
 # The attention layout a GPU gets when the caller does not choose (StreamingEncoder's `attention`
@@ -240,8 +249,13 @@ class StreamingEncoder:
             frames, kv_new, conv_new = self._stack_fn(T)(x, self._pools[0], self._pools[1], *meta[:4])
             if Bp > B:
                 frames, kv_new, conv_new = frames[:B], kv_new[:, :B], conv_new[:, :B]
-            self._pending.append((0, meta[4], kv_new.flatten(1, 2)))
-            self._pending.append((1, meta[5], conv_new))
+            keep = [k for k, r in enumerate(group) if not r.flush]
+            if keep:
+                if len(keep) < B:  # flush rows write no cache
+                    idx = mx.array(keep, dtype=mx.int32)
+                    kv_new, conv_new = mx.take(kv_new, idx, axis=1), mx.take(conv_new, idx, axis=1)
+                self._pending.append((0, meta[4], kv_new.flatten(1, 2)))
+                self._pending.append((1, meta[5], conv_new))
             results.append((group, frames))
 
         if dot_path is not None:
@@ -252,6 +266,8 @@ class StreamingEncoder:
             for k, r in enumerate(group):
                 outputs[r.index] = host[k]
         for r in planned:
+            if r.flush:
+                continue
             r.stream.frames += r.T
             r.stream.chunks += 1
             r.stream.finished = r.last
@@ -274,12 +290,15 @@ class StreamingEncoder:
             first = stream.chunks == 0
             n = mel.shape[0]
             want = self._chunk_size(stream.lookahead, first)
-            if n != want and not (row.is_last and n < want):
-                which = "first" if first else "later"
+            which = "first" if first else "later"
+            if row.flush:
+                if row.is_last or n >= want:
+                    raise ValueError(f"slot {row.slot}: a flush takes a partial {which} chunk (< {want})")
+            elif n != want and not (row.is_last and n < want):
                 raise ValueError(f"slot {row.slot}: {which} chunk of {n} mel frames, expected {want}")
-            planned.append(
-                _Row(i, row.slot, stream, mel, first, row.is_last, self._frames_out(n, first, row.is_last))
-            )
+            last = row.is_last or row.flush
+            T = self._frames_out(n, first, last)
+            planned.append(_Row(i, row.slot, stream, mel, first, last, T, row.flush))
         if len({r.slot for r in planned}) != len(planned):
             dup = next(s for s, n in Counter(r.slot for r in planned).items() if n > 1)
             raise ValueError(f"slot {dup} appears twice in one step")
@@ -303,7 +322,7 @@ class StreamingEncoder:
 
     def _stack_meta(self, group: list[_Row], T: int, padded: int) -> list[mx.array]:
         """Per-row indices of one stack call (gathers, valid counts, prompts; `padded` rows, the
-        padding reading only the zero row), then the write indices of the real rows."""
+        padding reading only the zero row), then the write indices of the real committing rows."""
         Lc, B = self._Lc, len(group)
         slot = np.fromiter((r.slot for r in group), np.int64, B)
         a0 = np.fromiter((r.stream.frames for r in group), np.int64, B)  # frames written so far
@@ -323,6 +342,8 @@ class StreamingEncoder:
         prompt = np.zeros(padded, np.int32)
         prompt[:B] = np.fromiter((r.stream.prompt_id for r in group), np.int32, B)
         kv_write = ring + (a0[:, None] + np.arange(T)[None, :]) % Lc
+        commit = np.fromiter((not r.flush for r in group), bool, B)  # flush rows write nothing
+        kv_write, slot = kv_write[commit], slot[commit]
         return [
             mx.array(kv_idx),
             mx.array(conv_idx),

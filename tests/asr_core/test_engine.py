@@ -60,6 +60,9 @@ class FakeFrontEnd:
         rest = self._take(final=True)
         return full + rest, bool(rest)
 
+    def pending(self) -> np.ndarray:
+        return np.asarray(self.frames[self.sent :], np.float32).reshape(-1, 1).repeat(4, 1)
+
 
 class FakeEncoder:
     """Per slot: a running sum that every chunk updates; frames = f(state, chunk) per 8 mel frames."""
@@ -90,7 +93,7 @@ class FakeEncoder:
         del self.slots[slot]
         self.free.append(slot)
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
         self.thread_names.add(threading.current_thread().name)
         self.batch_sizes.append(len(rows))
         if self.fail_on_step is not None and len(self.batch_sizes) >= self.fail_on_step:
@@ -100,8 +103,8 @@ class FakeEncoder:
         slots = [r[0] for r in rows]
         assert len(set(slots)) == len(slots), "a slot twice in one step"
         out = []
-        for slot, mel, is_last in rows:
-            st = self.slots[slot]
+        for slot, mel, is_last, flush in rows:
+            st = list(self.slots[slot]) if flush else self.slots[slot]  # a flush changes no state
             r = int(st[1])
             n_out = -(-len(mel) // 8) if is_last or len(mel) < 8 * (r + 1) else r + 1
             if len(mel) == 1 + 8 * r and st[2] == 0.0:
