@@ -19,18 +19,24 @@ Everything for a stream reaches its worker through one FIFO queue (opened, chunk
 events come in order and `StreamEnded` is always last.
 
 Endpointing: each stream's front end also runs a VAD (asr_core.vad). When it decides the caller
-stopped, the stream queues a *flush*: a `ChunkPayload` with `flush=True` holding the mel frames of
-the partial next chunk. The encoder runs it as a non-committing step (frames as if the audio ended
-there; no cache written) and the worker decodes it and closes the utterance with a final at once,
-instead of waiting for the chunk to fill, its lookahead, and the token-silence rule. The flush is
-plain data on the front-end side, so it can cross a process boundary like any chunk.
+stopped, the stream queues a *flush*: a `ChunkPayload` with `flush=True` holding the partial next
+chunk, padded with copies of its last (silent) mel frame, since the VAD just heard silence there, to
+that chunk and one more (so the last word's late pieces come out: MelChunker.flush_chunk). The
+encoder runs it as a non-committing step (no cache written, the stream not advanced); the worker
+decodes it and closes the utterance with a final at once, instead of waiting for the chunk to fill,
+its lookahead, and the token-silence rule. The flush is plain data on the front-end side, so it can
+cross a process boundary like any chunk.
 
 Decoder reconciliation: each stream's worker keeps `next_frame`, the first encoder frame it has not
-decoded. A chunk or flush starting before it is decoded only from `next_frame` on, and `next_frame`
-moves to the chunk's end. So the frames a flush covered are decoded once, from the flush (with the
-padded right context that produced the final), and the real chunk that later covers the same audio
-contributes only its frames after them: no token is decoded twice or skipped. The encoder frames of
-every later chunk are exactly those of a stream without the flush (the step wrote no cache).
+decoded with its committed state. A chunk or flush starting before it is decoded only from
+`next_frame` on, and `next_frame` moves to the end of its real-audio frames. So every frame of real
+audio is decoded once: the frames a flush covered, from the flush; the real chunk that later covers
+the same audio contributes only its frames after them. A flush's padding frames are decoded too, from
+a copy of the state, so that the last word's late pieces make it into the final; those tokens are
+remembered as published (`spec`), and when the real frames behind the padding are decoded, the
+tokens they give that match them, in order, are not emitted again (the first that differs ends the
+matching). The encoder frames of every later chunk are exactly those of a stream without the flush
+(the step wrote no cache).
 
 Front end on the caller's thread: features and chunking of a 20-320 ms push cost tens of
 microseconds of numpy (measured: docs/benchmarks.md), less than a thread hand-off would, and they
@@ -46,12 +52,14 @@ open stream ends with reason "error", `on_fatal` is called, and every later call
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import logging
 import math
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -84,9 +92,12 @@ class ChunkPayload:
     mel: np.ndarray
     energies_db: np.ndarray  # per encoder frame of the chunk (full chunk length; a short one is cut)
     completed_at: float  # monotonic time of the push that completed the chunk
-    # The VAD said the caller stopped: `mel` is the partial next chunk, encoded without committing,
-    # and the utterance is closed once its frames are decoded.
+    # The VAD said the caller stopped: `mel` is the partial next chunk padded to a whole one, encoded
+    # without committing; its first `flush_frames` encoder frames (real audio) are decoded and the
+    # utterance is closed.
     flush: bool = False
+    flush_frames: int = 0
+    speech_end_at: float | None = None  # flush: monotonic time the caller's last speech was live
 
 
 # -- messages to decoder workers ---------------------------------------------------------------
@@ -422,6 +433,9 @@ class AsrStream:
         self._hist_start = 0
         vad = engine.config.vad
         self._vad = SpeechEndDetector(vad) if vad.enabled else None
+        # (sample after the push, time of the push) of the last second of pushes: when was a sample
+        # live? (the time to final of a flush is measured from its speech end)
+        self._pushes: deque[tuple[int, float]] = deque(maxlen=64)
 
     @property
     def stream_id(self) -> str:
@@ -448,14 +462,15 @@ class AsrStream:
                 return
             # A flush holds exactly the audio up to the VAD's decision, whatever the push sizes: the
             # front end is fed up to that sample, flushed, then fed the rest.
+            start = self.shared.samples
+            self._pushes.append((start + x.size, self._engine._clock()))
             ends = self._vad.push(x) if self._vad is not None else []
-            start, pos = self.shared.samples, 0
+            pos = 0
             payloads: list[ChunkPayload] = []
             for end in ends:
-                cut = end.decided_at - start
-                payloads += self._feed(x[pos:cut])
-                payloads.append(self._flush_payload())
-                pos = cut
+                payloads += self._feed(x[pos : end.decided_at - start])
+                pos = end.decided_at - start
+                payloads.append(self._flush_payload(end.speech_end))
             payloads += self._feed(x[pos:])
             if payloads:
                 try:
@@ -512,16 +527,27 @@ class AsrStream:
             self._hist_start = keep_from
         return out
 
-    def _flush_payload(self) -> ChunkPayload:
+    def _flush_payload(self, speech_end: int) -> ChunkPayload:
         """The partial next chunk as a flush (its chunk number is not used up: invariant 6 of the
         scheduler)."""
         first = self._chunks * self._frame_span
+        mel, real_frames = self._frontend.flush()
         return ChunkPayload(
-            mel=self._frontend.pending(),
+            mel=mel,
             energies_db=self._energies(first),
             completed_at=self._engine._clock(),
             flush=True,
+            flush_frames=real_frames,
+            speech_end_at=self._live_at(speech_end),
         )
+
+    def _live_at(self, sample: int) -> float | None:
+        """When `sample` was live: the first push that carried it, less the audio after it in that
+        push (the caller's audio arrives in real time; a faster feed gives an early estimate)."""
+        for end, t in self._pushes:
+            if end >= sample:
+                return t - (end - sample) / SAMPLE_RATE_HZ
+        return None
 
     def _energies(self, first_frame: int) -> np.ndarray:
         out = np.full(self._frame_span, _SILENT_DB, np.float32)
@@ -571,6 +597,12 @@ class _SafeHooks:
         except Exception:
             self._failed("transcript")
 
+    def time_to_final(self, seconds: float) -> None:
+        try:
+            self._hooks.time_to_final(seconds)
+        except Exception:
+            self._failed("time_to_final")
+
 
 def _as_pcm(pcm: np.ndarray) -> np.ndarray:
     x = np.asarray(pcm)
@@ -601,11 +633,31 @@ class _WorkerStream:
     queue_wait_max_s: float = 0.0
     next_frame: int = 0  # first encoder frame not decoded yet (the reconciliation rule, module doc)
     flushes: int = 0
+    spec: list[int] = field(default_factory=list)  # published from a flush's padding, not yet confirmed
+    spec_end: int = 0  # the frame after that flush's chunk
+
+
+def _unpublished(ws: _WorkerStream, tokens: list[Token]) -> list[Token]:
+    """`tokens` less the leading ones a flush already published from its padding (`ws.spec`, in
+    order); the first token that differs ends the matching."""
+    k = 0
+    while k < len(tokens) and ws.spec and tokens[k].id == ws.spec[0]:
+        ws.spec.pop(0)
+        k += 1
+    if k < len(tokens):
+        ws.spec = []
+    return tokens[k:]
+
+
+def _frames_due(c: EncodedChunk[ChunkPayload]) -> int:
+    """Frames of `c` to decode: all of a chunk, the real-audio ones of a flush."""
+    n = int(c.frames.shape[0])
+    return min(n, c.payload.flush_frames) if c.flush else n
 
 
 def _already_decoded(ws: _WorkerStream, c: EncodedChunk[ChunkPayload]) -> int:
     """Frames at the start of `c` that an earlier flush already decoded (the reconciliation rule)."""
-    return min(int(c.frames.shape[0]), max(0, ws.next_frame - c.first_frame))
+    return min(_frames_due(c), max(0, ws.next_frame - c.first_frame))
 
 
 class _DecoderWorker:
@@ -700,7 +752,7 @@ class _DecoderWorker:
         skip = _already_decoded(ws, c)
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
-            tokens = dec.decode(ws.state, c.frames[skip:], c.first_frame + skip)
+            tokens = dec.decode(ws.state, c.frames[skip : _frames_due(c)], c.first_frame + skip)
             dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         except Exception as e:
             logger.exception("stream %s: decoding failed", ws.shared.stream_id)
@@ -719,7 +771,7 @@ class _DecoderWorker:
             t0, c0 = time.perf_counter(), time.thread_time()
             tokens = dec.decode_batch(
                 [w.state for w in wss],
-                [c.frames[k:] for c, k in zip(rnd, skips, strict=True)],
+                [c.frames[k : _frames_due(c)] for c, k in zip(rnd, skips, strict=True)],
                 [c.first_frame + k for c, k in zip(rnd, skips, strict=True)],
             )
             dt, dc = time.perf_counter() - t0, time.thread_time() - c0
@@ -737,14 +789,20 @@ class _DecoderWorker:
     def _assemble(
         self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], tokens: list[Token], skip: int
     ) -> None:
-        n = int(c.frames.shape[0])
+        n = _frames_due(c)
         ws.next_frame = max(ws.next_frame, c.first_frame + n)
         try:
+            tokens = _unpublished(ws, tokens)
+            if not c.flush and c.first_frame + int(c.frames.shape[0]) >= ws.spec_end:
+                ws.spec = []  # the real frames behind the last flush's padding are all decoded
             energies = c.payload.energies_db[skip:n]
             events = ws.assembler.update(tokens, c.first_frame + skip, n - skip, energies)
             if c.flush:
                 ws.flushes += 1
-                events += ws.assembler.speech_ended()
+                closed = ws.assembler.speech_ended(self._speculate(ws, c, n))
+                if closed and c.payload.speech_end_at is not None:
+                    self.engine.hooks.time_to_final(self.engine._clock() - c.payload.speech_end_at)
+                events += closed
         except Exception as e:
             logger.exception("stream %s: transcript assembly failed", ws.shared.stream_id)
             self._fail(c.key, e)
@@ -758,6 +816,26 @@ class _DecoderWorker:
         if len(ws.lags) > _LAG_SAMPLES:
             del ws.lags[: len(ws.lags) - _LAG_SAMPLES]
         self._emit(ws, events, c.payload.completed_at)
+
+    def _speculate(self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], real: int) -> list[Token]:
+        """Decode a flush's padding frames from a copy of the stream's decoder state: the late
+        tokens of the last word (the model emits a piece a frame or two after its audio) go into the
+        final. They become `ws.spec`, the tokens already published that the real frames behind the
+        padding are expected to give again; returns those not published yet."""
+        frames = c.frames[real:]
+        if not frames.shape[0]:
+            return []
+        state = copy.deepcopy(ws.state)
+        first = c.first_frame + real
+        if self.batched:
+            dec: BatchDecoder = self.decoder  # type: ignore[assignment]
+            spec = dec.decode_batch([state], [frames], [first])[0]
+        else:
+            one: StreamDecoder = self.decoder  # type: ignore[assignment]
+            spec = one.decode(state, frames, first)
+        new = _unpublished(ws, spec)
+        ws.spec, ws.spec_end = [t.id for t in spec], c.first_frame + int(c.frames.shape[0])
+        return new
 
     def _emit(self, ws: _WorkerStream, events: Sequence[AsrEvent], completed_at: float | None) -> None:
         now = self.engine._clock()

@@ -32,9 +32,10 @@ class FrontEnd(Protocol):
         """Flush at end of stream: the remaining chunks and whether the last of them is the stream's
         final (short) chunk that needs end-of-stream handling in the encoder."""
 
-    def pending(self) -> np.ndarray:
-        """Mel frames (n, n_mels) of the partial next chunk, copied and kept: what a mid-stream flush
-        encodes (n may be 0)."""
+    def flush(self) -> tuple[np.ndarray, int]:
+        """The partial next chunk for a mid-stream flush (kept pending): mel frames padded with
+        copies of its last frame to the next chunk and one more (MelChunker.flush_chunk), and the
+        number of its encoder frames that hold real audio; (0 frames, 0) before any audio."""
 
 
 class EncoderBackend(Protocol):
@@ -46,7 +47,7 @@ class EncoderBackend(Protocol):
 
     def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
         """One batched step over (slot, mel chunk, is_last, flush) rows -> per row (T_i, J) frames.
-        A flush row is the slot's partial next chunk, encoded without changing the slot's state."""
+        A flush row is encoded like the slot's next chunk without changing the slot's state."""
 
 
 class StreamDecoder(Protocol):
@@ -228,9 +229,9 @@ class _FrontEnd:
             return [*chunks, last], True
         return chunks, False
 
-    def pending(self) -> np.ndarray:
-        mel = self._chunker.pending()
-        return mel if mel is not None else np.zeros((0, self._features.cfg.n_mels), np.float32)
+    def flush(self) -> tuple[np.ndarray, int]:
+        mel, real = self._chunker.flush_chunk()
+        return (mel, real) if mel.shape[0] else (np.zeros((0, self._features.cfg.n_mels), np.float32), 0)
 
 
 class _EncoderAdapter:

@@ -163,10 +163,20 @@ class TranscriptAssembler:
             events.append(partial)
         return events
 
-    def speech_ended(self) -> list[TranscriptEvent]:
+    def speech_ended(self, late: Sequence[Token] = ()) -> list[TranscriptEvent]:
         """The caller stopped speaking (the VAD's decision, after the frames it covers were fed):
-        close the open segment now, with a final if it has text."""
-        if self._closed or self._held:
+        close the open segment now, with a final if it has text. `late`: tokens decoded from the
+        flush's padding after those frames (the last word's late pieces), added to the segment."""
+        if self._closed:
+            return []
+        by_frame: dict[int, list[Token]] = {}
+        for tok in late:
+            by_frame.setdefault(tok.frame, []).append(tok)
+        for frame, toks in sorted(by_frame.items()):
+            kept = self._without_orphans(toks)
+            if kept:
+                self._add(frame, kept)
+        if self._held or not self._ids:
             return []
         return self._close(at_end=False)
 

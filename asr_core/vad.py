@@ -39,10 +39,10 @@ class VadConfig:
     """`kind="off"`: no audio-driven endpointing (the assembler's token-silence rules alone)."""
 
     kind: VadKind = "webrtc"
-    # Non-speech after speech before the speech counts as ended. Deployed stop waits are 200 ms
-    # (Pipecat's default `stop_secs`); shorter ends utterances at commas more often, longer adds
-    # directly to time to final.
-    hangover_ms: int = 200
+    # Non-speech after speech before the speech counts as ended. It adds directly to time to final;
+    # shorter ends utterances at commas more often. Pipecat's default stop wait is 200 ms; 150 ms
+    # leaves room for the media block and the flush inside a 250 ms time to final (docs/benchmarks.md).
+    hangover_ms: int = 150
     # A run of speech frames must be this long to open an utterance (clicks, a cough of noise).
     min_speech_ms: int = 60
     webrtc_mode: int = 3
@@ -152,10 +152,11 @@ class SpeechEndDetector:
                 continue
             if not self._in_speech:
                 continue
-            # Silence, or a run too short to be speech yet (a click counts as silence unless it
-            # grows into speech, which then resets the count above).
+            # Silence, or a run too short to be speech yet: a click counts as silence, but while a
+            # run goes on the decision waits to see whether it grows into speech (which resets the
+            # count above), so a pause shorter than the hang-over never ends an utterance.
             self._quiet += 1
-            if self._quiet >= self._hang_frames:
+            if self._quiet >= self._hang_frames and self._run == 0:
                 self._in_speech = False
                 self._quiet = 0
                 ends.append(SpeechEnd(self._last_speech_end, self._frame * FRAME_SAMPLES))

@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 
 from asr_core.api import AsrEvent, StreamEnded, TranscriptEvent
 from asr_core.errors import AsrError
-from gateway.events import CallEvent, EventPublisher, EventType
+from gateway.events import CallEvent, EventPublisher, EventType, words_json
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +292,7 @@ class CallSession:
                     start_ms=event.start_ms,
                     end_ms=event.end_ms,
                     lang=event.detected_language or self.info.language,
+                    extra={"words": words_json(event.words)} if event.words else {},
                 )
             )
             return

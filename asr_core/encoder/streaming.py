@@ -49,11 +49,11 @@ from asr_core.encoder.layers import (
 class ChunkInput:
     """One stream's next chunk: `mel` (n, n_mels) float32 log-mel frames of slot `slot`.
 
-    `flush`: a non-committing step of the stream's pending partial chunk (fewer frames than a full
-    one, possibly none), padded on the right as a last chunk is, so its frames come out without
-    waiting for the rest of the chunk and its lookahead. It reads the slot's caches but writes none
-    and does not advance the stream: the real chunk that later covers the same audio is encoded
-    exactly as if the flush had never happened.
+    `flush`: a non-committing step: `mel` (the next chunk's size, or that plus whole later chunks)
+    is encoded as one chunk after the stream's frames so far, reading the slot's caches but writing
+    none and not advancing the stream, so the real chunks that later cover the same audio encode
+    exactly as if the flush had never happened. The engine flushes the pending partial chunk, padded
+    with silence, when the caller stopped speaking. An empty flush is a no-op.
     """
 
     slot: int
@@ -230,10 +230,13 @@ class StreamingEncoder:
             slots[:B] = [1 + r.slot for r in group]
             slots_mx = mx.array(slots)
             x, *stage_rows = self._sub_fn(first, last)(mx.array(mel), slots_mx, *self._pools[2:])
-            if not last:
-                idx = slots_mx[:B] if Bp > B else slots_mx
+            keep = [k for k, r in enumerate(group) if not r.flush]  # flush rows write no cache
+            if not last and len(keep) == Bp:
+                self._pending += [(2 + i, slots_mx, row) for i, row in enumerate(stage_rows)]
+            elif not last and keep:
+                idx = mx.array(keep, dtype=mx.int32)
                 self._pending += [
-                    (2 + i, idx, row[:B] if Bp > B else row) for i, row in enumerate(stage_rows)
+                    (2 + i, slots_mx[idx], mx.take(row, idx, axis=0)) for i, row in enumerate(stage_rows)
                 ]
             by_t.setdefault(group[0].T, []).append((group, x[:B] if Bp > B else x))
 
@@ -292,11 +295,12 @@ class StreamingEncoder:
             want = self._chunk_size(stream.lookahead, first)
             which = "first" if first else "later"
             if row.flush:
-                if row.is_last or n >= want:
-                    raise ValueError(f"slot {row.slot}: a flush takes a partial {which} chunk (< {want})")
+                later = self._chunk_size(stream.lookahead, False)
+                if row.is_last or (n and (n < want or (n - want) % later)):
+                    raise ValueError(f"slot {row.slot}: a flush is {want} + k * {later} mel frames, got {n}")
             elif n != want and not (row.is_last and n < want):
                 raise ValueError(f"slot {row.slot}: {which} chunk of {n} mel frames, expected {want}")
-            last = row.is_last or row.flush
+            last = row.is_last
             T = self._frames_out(n, first, last)
             planned.append(_Row(i, row.slot, stream, mel, first, last, T, row.flush))
         if len({r.slot for r in planned}) != len(planned):

@@ -1,5 +1,5 @@
-"""A flush (non-committing step of a partial chunk) gives the frames of "the audio ends here" and
-leaves the stream's caches exactly as they were: every later chunk encodes as without it."""
+"""A flush (non-committing step) encodes a chunk as the stream's next one and leaves the stream's
+caches exactly as they were: every later chunk encodes as without it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from asr_core.bundle import Bundle, load_bundle
+from asr_core.chunker import MelChunker
 from asr_core.encoder import ChunkInput, StreamingEncoder, chunk_frames, first_chunk_frames
 
 LOOKAHEAD = 3
@@ -37,13 +38,20 @@ def encoder(bundle: Bundle) -> StreamingEncoder:
     return StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, "f32", compile=False)
 
 
+def padded(part: np.ndarray, n: int) -> np.ndarray:
+    """The first n frames of a chunk padded with copies of frame n-1 to the chunk and one more (what
+    the chunker's flush_chunk gives)."""
+    size = len(part) + chunk_frames(LOOKAHEAD)
+    return np.concatenate([part[:n], np.repeat(part[n - 1 : n], size - n, axis=0)])
+
+
 def stream(enc: StreamingEncoder, parts: list[np.ndarray], flush_before: dict[int, int]) -> list[np.ndarray]:
-    """Encode `parts` in order; before part k, flush its first `flush_before[k]` frames."""
+    """Encode `parts` in order; before part k, flush its first `flush_before[k]` frames, padded."""
     slot = enc.alloc(0, LOOKAHEAD)
     out = []
     for k, part in enumerate(parts):
         if k in flush_before:
-            enc.step([ChunkInput(slot, part[: flush_before[k]], flush=True)])
+            enc.step([ChunkInput(slot, padded(part, flush_before[k]), flush=True)])
         out.append(enc.step([ChunkInput(slot, part)])[0])
     enc.release(slot)
     return out
@@ -57,18 +65,29 @@ def test_chunks_after_a_flush_encode_exactly_as_without_it(bundle: Bundle, mel: 
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_flush_gives_the_frames_of_the_audio_ending_there(bundle: Bundle, mel: np.ndarray) -> None:
+def test_a_one_chunk_flush_gives_the_frames_of_that_chunk_as_the_next_one(
+    bundle: Bundle, mel: np.ndarray
+) -> None:
     parts = chunks(mel)
-    for k, n in [(0, 9), (2, 20), (3, 31)]:
+    for k in (0, 2, 3):
         enc = encoder(bundle)
         slot = enc.alloc(0, LOOKAHEAD)
-        ended = enc.alloc(0, LOOKAHEAD)  # the same audio, but the stream ends after n frames of part k
+        other = enc.alloc(0, LOOKAHEAD)  # the same audio, committed
         for part in parts[:k]:
-            enc.step([ChunkInput(slot, part), ChunkInput(ended, part)])
-        partial = parts[k][:n]
-        flushed, last = enc.step([ChunkInput(slot, partial, flush=True), ChunkInput(ended, partial, True)])
-        assert 1 <= flushed.shape[0] <= LOOKAHEAD + 1
-        np.testing.assert_allclose(flushed, last, atol=TOL)
+            enc.step([ChunkInput(slot, part), ChunkInput(other, part)])
+        flushed, real = enc.step([ChunkInput(slot, parts[k], flush=True), ChunkInput(other, parts[k])])
+        assert flushed.shape[0] == LOOKAHEAD + 1
+        np.testing.assert_allclose(flushed, real, atol=TOL)
+
+
+def test_a_flush_of_two_chunks_is_encoded_as_one_with_their_frames(bundle: Bundle, mel: np.ndarray) -> None:
+    parts = chunks(mel)
+    enc = encoder(bundle)
+    slot = enc.alloc(0, LOOKAHEAD)
+    enc.step([ChunkInput(slot, parts[0])])
+    out = enc.step([ChunkInput(slot, padded(parts[1], 20), flush=True)])[0]
+    assert out.shape == (2 * (LOOKAHEAD + 1), bundle.config.encoder.output_size)
+    assert np.isfinite(out).all()
 
 
 def test_a_flush_sharing_a_step_leaves_the_other_rows_alone(bundle: Bundle, mel: np.ndarray) -> None:
@@ -80,7 +99,7 @@ def test_a_flush_sharing_a_step_leaves_the_other_rows_alone(bundle: Bundle, mel:
     for k, part in enumerate(parts):
         rows = [ChunkInput(b, part)]
         if k % 2:  # stream a flushes beside stream b's real chunk, then sends its own real chunk
-            rows.append(ChunkInput(a, part[:20], flush=True))
+            rows.append(ChunkInput(a, padded(part, 20), flush=True))
         got = enc.step(rows)[0]
         enc.step([ChunkInput(a, part)])
         np.testing.assert_allclose(got, alone.step([ChunkInput(ref, part)])[0], atol=TOL)
@@ -91,10 +110,28 @@ def test_an_empty_flush_is_a_no_op_and_bad_flushes_are_refused(bundle: Bundle, m
     enc = encoder(bundle)
     slot = enc.alloc(0, LOOKAHEAD)
     assert enc.step([ChunkInput(slot, parts[0][:0], flush=True)])[0].shape[0] == 0
-    with pytest.raises(ValueError, match="partial"):
-        enc.step([ChunkInput(slot, parts[0], flush=True)])  # a whole chunk is not a flush
-    with pytest.raises(ValueError, match="partial"):
-        enc.step([ChunkInput(slot, parts[0][:5], is_last=True, flush=True)])
+    with pytest.raises(ValueError, match="flush"):
+        enc.step([ChunkInput(slot, parts[0][:5], flush=True)])  # a partial chunk is padded first
+    with pytest.raises(ValueError, match="flush"):
+        enc.step([ChunkInput(slot, np.concatenate([parts[0], parts[1][:9]]), flush=True)])
+    with pytest.raises(ValueError, match="flush"):
+        enc.step([ChunkInput(slot, parts[0], is_last=True, flush=True)])
     np.testing.assert_array_equal(
         enc.step([ChunkInput(slot, parts[0])])[0], stream(encoder(bundle), parts[:1], {})[0]
     )
+
+
+def test_the_chunker_pads_a_flush_with_its_last_frame_and_counts_the_real_frames() -> None:
+    ch = MelChunker(LOOKAHEAD)
+    frames = np.arange(25 + 20, dtype=np.float32)[:, None].repeat(2, axis=1)
+    assert ch.flush_chunk()[0].shape[0] == 0  # no audio yet: nothing to flush
+    assert len(ch.push(frames[:25])) == 1  # the first chunk; nothing pending
+    chunk, real = ch.flush_chunk()  # late tokens of the last chunk may come in the next one's frames
+    assert real == 0 and chunk.shape == (64, 2) and (chunk == frames[24]).all()
+    assert not ch.push(frames[25:])  # 20 pending
+    chunk, real = ch.flush_chunk()  # padded to the next chunk and one more
+    assert chunk.shape == (64, 2) and real == 3  # 20 mel frames reach 3 of the 4 encoder frames
+    np.testing.assert_array_equal(chunk[:20], frames[25:])
+    np.testing.assert_array_equal(chunk[20:], np.repeat(frames[-1:], 44, axis=0))
+    (nxt,) = ch.push(frames[:12])  # the frames stay pending: the real chunk follows as usual
+    np.testing.assert_array_equal(nxt[:20], frames[25:])

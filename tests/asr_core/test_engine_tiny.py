@@ -201,6 +201,9 @@ class CountingHooks:
     def transcript(self, kind: str, latency_s: float) -> None:
         pass
 
+    def time_to_final(self, seconds: float) -> None:
+        pass
+
 
 def test_64_concurrent_real_time_streams_match_solo_runs_without_drops(tiny_model: AsrModel) -> None:
     """64 calls paced at real time (100 ms blocks, starts staggered over one chunk), default queue

@@ -4,12 +4,14 @@ publishing call_end (pure: a recording ASR stream delivering synchronously, an i
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 import numpy as np
 import pytest
 
-from asr_core.api import StreamEnded, StreamOptions, TranscriptEvent
+from asr_core.api import StreamEnded, StreamOptions, TranscriptEvent, Word
+from gateway.events import from_fields, to_fields
 from gateway.session import (
     END_INPUTS,
     TRANSITIONS,
@@ -154,6 +156,23 @@ def test_transcripts_map_to_events_with_media_times_and_language() -> None:
         "en-US",
     )
     assert (final.type, final.text, final.lang) == ("final", "hello", "uk-UA")
+    assert "words" not in final.extra  # an event without words has no words field
+
+
+def test_words_are_published_as_a_json_field_of_the_final() -> None:
+    h = Harness()
+    h.to(CallState.ACTIVE)
+    words = (Word("hello", 80, 400, 0.91), Word("there", 400, 640, 0.5))
+    h.session.on_asr_event(
+        TranscriptEvent(h.session.call_id, "final", 0, "hello there", 0, 640, words=words), h.now
+    )
+    final = h.publisher.events[-1]
+    fields = to_fields(final, 2)
+    assert json.loads(fields["words"]) == [
+        {"word": "hello", "start_ms": 80, "end_ms": 400, "confidence": 0.91},
+        {"word": "there", "start_ms": 400, "end_ms": 640, "confidence": 0.5},
+    ]
+    assert from_fields(fields)[0].extra["words"] == fields["words"]  # consumers of schema v1 read it back
 
 
 def test_dtmf_becomes_an_event_on_the_media_timeline() -> None:
