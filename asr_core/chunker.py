@@ -64,16 +64,17 @@ class MelChunker:
         self._n_pending = rest.shape[0]
         return out
 
-    def flush_chunk(self) -> tuple[F32, int]:
+    def flush_chunk(self, extra_chunks: int = 1) -> tuple[F32, int]:
         """What a flush encodes when the caller stopped speaking: the partial next chunk's frames,
         padded with copies of its last frame (the line's silence, which the VAD just heard) to the
-        next chunk and one more, so that even its last real frame has a chunk of right context and
-        the last word's late pieces (emitted a frame or two after its audio) come out; and how many
+        next chunk and `extra_chunks` more, so that even its last real frame has a chunk of right
+        context and the last word's late pieces (emitted a frame or two after its audio) come out;
+        and how many
         encoder frames hold real audio (the rest is padding). Nothing pending: padding alone after
         the newest frame, 0 real; no frame yet: an empty chunk. The frames stay pending."""
         if self._last is None:
             return np.zeros((0, 0), np.float32), 0
-        size = self._next_size() + self.size
+        size = self._next_size() + extra_chunks * self.size
         if not self._n_pending:
             return np.ascontiguousarray(np.repeat(self._last, size, axis=0), dtype=np.float32), 0
         real = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]

@@ -32,10 +32,11 @@ decoded with its committed state. A chunk or flush starting before it is decoded
 `next_frame` on, and `next_frame` moves to the end of its real-audio frames. So every frame of real
 audio is decoded once: the frames a flush covered, from the flush; the real chunk that later covers
 the same audio contributes only its frames after them. A flush's padding frames are decoded too, from
-a copy of the state, so that the last word's late pieces make it into the final; those tokens are
-remembered as published (`spec`), and when the real frames behind the padding are decoded, the
-tokens they give that match them, in order, are not emitted again (the first that differs ends the
-matching). The encoder frames of every later chunk are exactly those of a stream without the flush
+a copy of the state, so that the last word's late pieces make it into the final (pieces that finish
+that word only: a new word there came from imagined silence); those tokens are remembered as
+published (`spec`), and when the real frames behind the padding are decoded, the tokens they give
+that match them, in order, are not emitted again (the first that differs ends the matching). The
+encoder frames of every later chunk are exactly those of a stream without the flush
 (the step wrote no cache).
 
 Front end on the caller's thread: features and chunking of a 20-320 ms push cost tens of
@@ -819,7 +820,7 @@ class _DecoderWorker:
 
     def _speculate(self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], real: int) -> list[Token]:
         """Decode a flush's padding frames from a copy of the stream's decoder state: the late
-        tokens of the last word (the model emits a piece a frame or two after its audio) go into the
+        pieces of the last word (the model emits a piece a frame or two after its audio) go into the
         final. They become `ws.spec`, the tokens already published that the real frames behind the
         padding are expected to give again; returns those not published yet."""
         frames = c.frames[real:]
@@ -833,8 +834,14 @@ class _DecoderWorker:
         else:
             one: StreamDecoder = self.decoder  # type: ignore[assignment]
             spec = one.decode(state, frames, first)
-        new = _unpublished(ws, spec)
-        ws.spec, ws.spec_end = [t.id for t in spec], c.first_frame + int(c.frames.shape[0])
+        # Only pieces that finish the last word: a new word from imagined silence could be wrong
+        # when the caller goes on (it comes with the real audio instead, in the next utterance).
+        text = self.engine.model.text
+        n = 0
+        while n < len(spec) and not text.starts_word(spec[n].id) and text.decode([spec[n].id])[0]:
+            n += 1
+        new = _unpublished(ws, spec[:n])
+        ws.spec, ws.spec_end = [t.id for t in spec[:n]], c.first_frame + int(c.frames.shape[0])
         return new
 
     def _emit(self, ws: _WorkerStream, events: Sequence[AsrEvent], completed_at: float | None) -> None:

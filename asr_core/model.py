@@ -175,8 +175,12 @@ class AsrModel:
         from asr_core.chunker import MelChunker
         from asr_core.features import StreamingLogMel
 
+        # A flush adds a chunk of padding when the encoder's position tables reach that far.
+        extra = 1 if 2 * (lookahead + 1) <= max(self._lookaheads) + 1 else 0
         return _FrontEnd(
-            StreamingLogMel(self.bundle.mel_filters, self.bundle.config.features), MelChunker(lookahead)
+            StreamingLogMel(self.bundle.mel_filters, self.bundle.config.features),
+            MelChunker(lookahead),
+            extra,
         )
 
     def _graphs(self) -> Any:
@@ -213,9 +217,10 @@ class AsrModel:
 
 
 class _FrontEnd:
-    def __init__(self, features: Any, chunker: Any) -> None:
+    def __init__(self, features: Any, chunker: Any, flush_extra_chunks: int) -> None:
         self._features = features
         self._chunker = chunker
+        self._extra = flush_extra_chunks
 
     def push(self, pcm: np.ndarray) -> list[np.ndarray]:
         mel = self._features.push(pcm)
@@ -230,7 +235,7 @@ class _FrontEnd:
         return chunks, False
 
     def flush(self) -> tuple[np.ndarray, int]:
-        mel, real = self._chunker.flush_chunk()
+        mel, real = self._chunker.flush_chunk(self._extra)
         return (mel, real) if mel.shape[0] else (np.zeros((0, self._features.cfg.n_mels), np.float32), 0)
 
 

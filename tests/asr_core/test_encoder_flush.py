@@ -80,14 +80,20 @@ def test_a_one_chunk_flush_gives_the_frames_of_that_chunk_as_the_next_one(
         np.testing.assert_allclose(flushed, real, atol=TOL)
 
 
-def test_a_flush_of_two_chunks_is_encoded_as_one_with_their_frames(bundle: Bundle, mel: np.ndarray) -> None:
+def test_a_flush_of_two_chunks_gives_the_frames_of_those_two_chunks_streamed(
+    bundle: Bundle, mel: np.ndarray
+) -> None:
     parts = chunks(mel)
-    enc = encoder(bundle)
-    slot = enc.alloc(0, LOOKAHEAD)
-    enc.step([ChunkInput(slot, parts[0])])
-    out = enc.step([ChunkInput(slot, padded(parts[1], 20), flush=True)])[0]
-    assert out.shape == (2 * (LOOKAHEAD + 1), bundle.config.encoder.output_size)
-    assert np.isfinite(out).all()
+    for k in (0, 1, 3):
+        enc = encoder(bundle)
+        slot, other = enc.alloc(0, LOOKAHEAD), enc.alloc(0, LOOKAHEAD)
+        for part in parts[:k]:
+            enc.step([ChunkInput(slot, part), ChunkInput(other, part)])
+        both = np.concatenate([parts[k], parts[k + 1]])
+        flushed = enc.step([ChunkInput(slot, both, flush=True)])[0]
+        streamed = np.concatenate([enc.step([ChunkInput(other, p)])[0] for p in parts[k : k + 2]])
+        assert flushed.shape == (2 * (LOOKAHEAD + 1), bundle.config.encoder.output_size)
+        np.testing.assert_allclose(flushed, streamed, atol=TOL)
 
 
 def test_a_flush_sharing_a_step_leaves_the_other_rows_alone(bundle: Bundle, mel: np.ndarray) -> None:
