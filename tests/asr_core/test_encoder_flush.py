@@ -65,34 +65,19 @@ def test_chunks_after_a_flush_encode_exactly_as_without_it(bundle: Bundle, mel: 
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_one_chunk_flush_gives_the_frames_of_that_chunk_as_the_next_one(
-    bundle: Bundle, mel: np.ndarray
-) -> None:
-    parts = chunks(mel)
-    for k in (0, 2, 3):
-        enc = encoder(bundle)
-        slot = enc.alloc(0, LOOKAHEAD)
-        other = enc.alloc(0, LOOKAHEAD)  # the same audio, committed
-        for part in parts[:k]:
-            enc.step([ChunkInput(slot, part), ChunkInput(other, part)])
-        flushed, real = enc.step([ChunkInput(slot, parts[k], flush=True), ChunkInput(other, parts[k])])
-        assert flushed.shape[0] == LOOKAHEAD + 1
-        np.testing.assert_allclose(flushed, real, atol=TOL)
-
-
-def test_a_flush_of_two_chunks_gives_the_frames_of_those_two_chunks_streamed(
-    bundle: Bundle, mel: np.ndarray
+@pytest.mark.parametrize("n_chunks", [1, 2])
+def test_a_flush_gives_the_frames_of_its_chunks_streamed(
+    bundle: Bundle, mel: np.ndarray, n_chunks: int
 ) -> None:
     parts = chunks(mel)
     for k in (0, 1, 3):
         enc = encoder(bundle)
-        slot, other = enc.alloc(0, LOOKAHEAD), enc.alloc(0, LOOKAHEAD)
+        slot, other = enc.alloc(0, LOOKAHEAD), enc.alloc(0, LOOKAHEAD)  # other: the same, committed
         for part in parts[:k]:
             enc.step([ChunkInput(slot, part), ChunkInput(other, part)])
-        both = np.concatenate([parts[k], parts[k + 1]])
-        flushed = enc.step([ChunkInput(slot, both, flush=True)])[0]
-        streamed = np.concatenate([enc.step([ChunkInput(other, p)])[0] for p in parts[k : k + 2]])
-        assert flushed.shape == (2 * (LOOKAHEAD + 1), bundle.config.encoder.output_size)
+        flushed = enc.step([ChunkInput(slot, np.concatenate(parts[k : k + n_chunks]), flush=True)])[0]
+        streamed = np.concatenate([enc.step([ChunkInput(other, p)])[0] for p in parts[k : k + n_chunks]])
+        assert flushed.shape == (n_chunks * (LOOKAHEAD + 1), bundle.config.encoder.output_size)
         np.testing.assert_allclose(flushed, streamed, atol=TOL)
 
 

@@ -12,7 +12,9 @@ the clip, 10 ms frames) to the arrival of its last final in Redis.
 
 `--gateway-cwd DIR` runs the gateway from another checkout (e.g. a worktree of an older commit), so
 the same command measures before and after a change; the replay always runs from this checkout.
-`--gateway-env` passes settings to the gateway only. Everything started is stopped by PID.
+`--gateway-env` passes settings to the gateway only. `--vad-ab` runs the same calls a second time
+with `TTG_ASR__VAD=off` (utterances closed by the token-silence rules alone) and reports the WER
+change caused by early finalization (same audio, same seed). Everything started is stopped by PID.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay-rtp-ports", default="44400-44699", help="the replay's RTP range")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--keep", type=Path, default=None, help="keep logs and the replay report here")
+    p.add_argument("--vad-ab", action="store_true", help="also run with TTG_ASR__VAD=off: WER change")
     p.add_argument("--json", type=Path, default=None, help="write the summary here")
 
 
@@ -115,23 +118,43 @@ def run(args: argparse.Namespace, work: Path, procs: list[demo.Proc]) -> dict[st
     }
 
 
-def main(args: argparse.Namespace) -> int:
+def _once(args: argparse.Namespace) -> dict[str, Any]:
     procs: list[demo.Proc] = []
     with tempfile.TemporaryDirectory(prefix="ttg-bench-ttf-") as tmp:
         work = Path(tmp)
         try:
-            result = run(args, work, procs)
+            return run(args, work, procs)
         finally:
             for proc in reversed(procs):
                 proc.stop(10)
             if args.keep is not None:
                 subprocess.run(["cp", "-r", str(work), str(args.keep)], check=False)
+
+
+def _line(result: dict[str, Any]) -> str:
     t, f = result["ttf_ms"], result["ttfp_ms"]
-    print(
+    return (
         f"{result['completed']}/{result['total']} calls, {result['utterances']} utterances "
-        f"({result['without_final']} without a final); TTF p50 {t['p50']} ms, p95 {t['p95']} ms, "
-        f"max {t['max']} ms; first partial p50 {f['p50']} ms, p95 {f['p95']} ms; WER {result['wer']}"
+        f"({result['without_final']} without a final, {result['finals']} finals); TTF p50 {t['p50']} ms, "
+        f"p95 {t['p95']} ms, max {t['max']} ms; first partial p50 {f['p50']} ms, p95 {f['p95']} ms; "
+        f"WER {result['wer']}; replay CPU {result['harness_cpu_percent']} %"
     )
+
+
+def main(args: argparse.Namespace) -> int:
+    result = _once(args)
+    print(_line(result))
+    if args.vad_ab:
+        args.gateway_env = [*args.gateway_env, "TTG_ASR__VAD=off"]
+        args.keep = None
+        off = _once(args)
+        print(f"VAD off: {_line(off)}")
+        if result["wer"] is not None and off["wer"] is not None:
+            result["wer_vad_off"] = off["wer"]
+            result["wer_change_from_finalization"] = round(result["wer"] - off["wer"], 5)
+            change = 100 * result["wer_change_from_finalization"]
+            print(f"WER change caused by early finalization: {change:+.2f} points")
+        result["vad_off"] = off
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
