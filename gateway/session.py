@@ -188,6 +188,7 @@ class CallSession:
         self._stream_end: StreamEnded | None = None
         # "error" (the engine refused to finish the stream) or "timeout" (no end in time); "" = fine.
         self._asr_failure = ""
+        self._asr_error = ""  # why the stream refused audio or could not finish (engine failure)
         self.log = CallLog(logger, {"call_id": info.call_id})
         self._publish(self._event("call_start", extra=dict(info.extra)))
 
@@ -251,6 +252,7 @@ class CallSession:
             # The engine is gone or the stream already ended: nothing more will come from it.
             self.log.warning("finishing the ASR stream failed: %s", e)
             self._asr_failure = "error"
+            self._asr_error = self._asr_error or str(e)
             self._finalize(now)
 
     # --- MediaSink (called by the media adapter on the loop) ---
@@ -262,6 +264,7 @@ class CallSession:
             self.stream.push(pcm16k)
         except (AsrError, ValueError) as e:
             self.log.warning("ASR stream refused audio: %s", e)
+            self._asr_error = self._asr_error or str(e)
             self._request_end(SessionInput.ERROR)
             return
         self.samples_pushed += len(pcm16k)
@@ -346,6 +349,9 @@ class CallSession:
                 extra["asr_error"] = self._stream_end.error[:300]
         if self._asr_failure:
             extra["asr"] = self._asr_failure
+        if self._asr_error and "asr_error" not in extra:
+            # The engine failed before its StreamEnded reached this call: its error is still known.
+            extra["asr_error"] = self._asr_error[:300]
         for key, value in self._media_stats.items():
             extra.setdefault(key, value)
         self._publish(self._event("call_end", extra=extra))

@@ -410,19 +410,24 @@ class StreamingEncoder:
         return fn
 
     def warmup(self, lookahead: int, max_batch: int) -> int:
-        """Trace the compiled step for every batch bucket up to `max_batch` (first and later chunks)
-        so that no live step pays for it; returns the number of buckets. A no-op when not compiled.
-        Short final chunks still trace on first use (one per length and bucket; they are rare)."""
+        """Trace the compiled step for every batch bucket up to `max_batch` (first and later chunks,
+        and their flushes) so that no live step pays for it; returns the number of buckets. A no-op
+        when not compiled. Short final chunks still trace on first use (one per length and bucket;
+        they are rare)."""
         if not self.compiled:
             return 0
         buckets = sorted({self._bucket(b) for b in range(1, max_batch + 1)})
         n_mels = self.cfg.n_mels
+        # A flush is the next chunk and one more, where the position tables reach (model.py).
+        extra = 1 if 2 * (lookahead + 1) <= self.params.t_max else 0
         for B in buckets:
             slots = [self.alloc(0, lookahead) for _ in range(B)]
             try:
                 for first in (True, False):
-                    mel = np.zeros((self._chunk_size(lookahead, first), n_mels), np.float32)
-                    self.step([ChunkInput(s, mel) for s in slots])
+                    size = self._chunk_size(lookahead, first)
+                    flush = np.zeros((size + extra * self._chunk_size(lookahead, False), n_mels), np.float32)
+                    self.step([ChunkInput(s, flush, flush=True) for s in slots])
+                    self.step([ChunkInput(s, np.zeros((size, n_mels), np.float32)) for s in slots])
             finally:
                 for s in slots:
                     self.release(s)

@@ -492,7 +492,12 @@ def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.Mo
     monkeypatch.setenv("TTG_ASR__ENDPOINT_BLANK_MS", "600")
     monkeypatch.setenv("TTG_ASR__PARTIALS", "false")
     monkeypatch.setenv("TTG_ASR__LANGUAGE", "uk-UA")
+    monkeypatch.setenv("TTG_ASR__VAD_HANGOVER_MS", "200")
+    monkeypatch.setenv("TTG_ASR__ENDPOINT_ENERGY_DB", "-50")
+    monkeypatch.setenv("TTG_ASR__WORDS", "all")
     cfg = EngineConfig.from_settings(Settings().model_dump())
+    assert (cfg.vad.kind, cfg.vad.hangover_ms, cfg.vad.energy_db) == ("webrtc", 200, -50.0)
+    assert cfg.endpoint.words == "all"
     assert (cfg.decoder.mode, cfg.decoder.workers) == ("workers", 5)
     assert (cfg.scheduler.max_batch, cfg.scheduler.max_queued_chunks) == (128, 8)
     assert (cfg.endpoint.blank_ms, cfg.endpoint.partials) == (600, False)
