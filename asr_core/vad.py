@@ -72,8 +72,8 @@ class SpeechEnd:
 
 
 class FrameClassifier(Protocol):
-    def is_speech(self, frame: F32) -> bool:
-        """Whether one 10 ms frame of 16 kHz float PCM is speech."""
+    def speech(self, frames: F32) -> NDArray[np.bool_]:
+        """Which of the (n, 160) 10 ms frames of 16 kHz float PCM are speech, in order."""
 
 
 class EnergyClassifier:
@@ -81,14 +81,15 @@ class EnergyClassifier:
         # Compare mean power with the threshold's linear value: no log per frame.
         self._min_power = 10.0 ** (threshold_db / 10.0)
 
-    def is_speech(self, frame: F32) -> bool:
-        return float(np.dot(frame, frame)) >= self._min_power * frame.size
+    def speech(self, frames: F32) -> NDArray[np.bool_]:
+        return np.einsum("ij,ij->i", frames, frames) >= self._min_power * frames.shape[1]
 
 
 class WebRtcClassifier:
     """The WebRTC VAD, optionally gated by an energy classifier: a frame is speech only when both
     say so. WebRTC keeps flagging the quiet tail after speech (its own hang-over), which the gate
-    cuts; on a noisy line the gate stays open and WebRTC alone decides."""
+    cuts; on a noisy line the gate stays open and WebRTC alone decides. WebRTC sees every frame (it
+    adapts to the line), the gate is applied to its answers."""
 
     def __init__(self, mode: int, gate: FrameClassifier | None = None) -> None:
         import webrtcvad
@@ -96,11 +97,11 @@ class WebRtcClassifier:
         self._vad = webrtcvad.Vad(mode)
         self._gate = gate
 
-    def is_speech(self, frame: F32) -> bool:
-        if self._gate is not None and not self._gate.is_speech(frame):
-            return False
-        pcm = np.clip(np.rint(frame * 32768.0), -32768, 32767).astype("<i2")
-        return bool(self._vad.is_speech(pcm.tobytes(), SAMPLE_RATE_HZ))
+    def speech(self, frames: F32) -> NDArray[np.bool_]:
+        data = np.clip(np.rint(frames * 32768.0), -32768, 32767).astype("<i2").tobytes()
+        size, is_speech = 2 * frames.shape[1], self._vad.is_speech
+        out = np.array([is_speech(data[i : i + size], SAMPLE_RATE_HZ) for i in range(0, len(data), size)])
+        return out if self._gate is None else out & self._gate.speech(frames)
 
 
 def make_classifier(config: VadConfig) -> FrameClassifier:
@@ -140,8 +141,8 @@ class SpeechEndDetector:
         buf = np.concatenate([self._buf, x]) if self._buf.size else x
         n = buf.size // FRAME_SAMPLES
         ends: list[SpeechEnd] = []
-        for i in range(n):
-            speech = self._classify.is_speech(buf[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES])
+        frames = buf[: n * FRAME_SAMPLES].reshape(n, FRAME_SAMPLES)
+        for speech in self._classify.speech(frames).tolist() if n else []:
             self._frame += 1
             self._run = self._run + 1 if speech else 0
             if self._run >= self._onset_frames:

@@ -85,7 +85,10 @@ class SileroClassifier:
         self._threshold = threshold
         self._sr = np.array(RATE_16K, np.int64)
 
-    def is_speech(self, frame: np.ndarray) -> bool:
+    def speech(self, frames: np.ndarray) -> np.ndarray:
+        return np.array([self._frame(f) for f in frames], bool)
+
+    def _frame(self, frame: np.ndarray) -> bool:
         self._pending = np.concatenate([self._pending, frame])
         while self._pending.size >= 512:
             window = np.concatenate([self._context, self._pending[:512]])[None]
