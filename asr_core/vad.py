@@ -87,9 +87,9 @@ class EnergyClassifier:
 
 class WebRtcClassifier:
     """The WebRTC VAD, optionally gated by an energy classifier: a frame is speech only when both
-    say so. WebRTC keeps flagging the quiet tail after speech (its own hang-over), which the gate
-    cuts; on a noisy line the gate stays open and WebRTC alone decides. WebRTC sees every frame (it
-    adapts to the line), the gate is applied to its answers."""
+    say so, and WebRTC only sees the frames the gate lets through. WebRTC keeps flagging the quiet
+    tail after speech (its own hang-over), which the gate cuts; on a noisy line the gate stays open
+    and WebRTC alone decides."""
 
     def __init__(self, mode: int, gate: FrameClassifier | None = None) -> None:
         import webrtcvad
@@ -98,10 +98,12 @@ class WebRtcClassifier:
         self._gate = gate
 
     def speech(self, frames: F32) -> NDArray[np.bool_]:
+        out = np.ones(len(frames), bool) if self._gate is None else self._gate.speech(frames)
         data = np.clip(np.rint(frames * 32768.0), -32768, 32767).astype("<i2").tobytes()
         size, is_speech = 2 * frames.shape[1], self._vad.is_speech
-        out = np.array([is_speech(data[i : i + size], SAMPLE_RATE_HZ) for i in range(0, len(data), size)])
-        return out if self._gate is None else out & self._gate.speech(frames)
+        for i in np.flatnonzero(out).tolist():
+            out[i] = is_speech(data[i * size : (i + 1) * size], SAMPLE_RATE_HZ)
+        return out
 
 
 def make_classifier(config: VadConfig) -> FrameClassifier:
