@@ -10,8 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from asr_core.vad import VadConfig
+
 DecoderMode = Literal["workers", "batched"]
 DECODER_MODES: tuple[DecoderMode, ...] = ("workers", "batched")
+WordsMode = Literal["off", "final", "all"]
+WORDS_MODES: tuple[WordsMode, ...] = ("off", "final", "all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,8 @@ class EndpointConfig:
     # Partials only when the text grew, at most one per this interval per stream (0 = every growth).
     partial_interval_ms: int = 300
     partials: bool = True
+    # Which events carry `words` (times and confidence): finals only, partials too, or none.
+    words: WordsMode = "final"
 
     def __post_init__(self) -> None:
         if self.blank_ms <= 0:
@@ -91,6 +97,8 @@ class EndpointConfig:
             raise ValueError(f"max_segment_ms must be > 0, got {self.max_segment_ms}")
         if self.partial_interval_ms < 0:
             raise ValueError(f"partial_interval_ms must be >= 0, got {self.partial_interval_ms}")
+        if self.words not in WORDS_MODES:
+            raise ValueError(f"words must be one of {WORDS_MODES}, got {self.words!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +106,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)
+    # Audio-driven endpointing on each stream's front end (asr_core.vad); kind "off": token rules only.
+    vad: VadConfig = field(default_factory=VadConfig)
     # StreamOptions.language "" / lookahead None fall back to these (None = the bundle's default).
     default_language: str = "auto"
     default_lookahead: int | None = None

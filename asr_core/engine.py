@@ -18,6 +18,27 @@ scheduler is shared under one lock, held only for its (cheap) pure calls, never 
 Everything for a stream reaches its worker through one FIFO queue (opened, chunks, done), so its
 events come in order and `StreamEnded` is always last.
 
+Endpointing: each stream's front end also runs a VAD (asr_core.vad). When it decides the caller
+stopped, the stream queues a *flush*: a `ChunkPayload` with `flush=True` holding the partial next
+chunk, padded with copies of its last (silent) mel frame, since the VAD just heard silence there, to
+that chunk and one more (so the last word's late pieces come out: MelChunker.flush_chunk). The
+encoder runs it as a non-committing step (no cache written, the stream not advanced); the worker
+decodes it and closes the utterance with a final at once, instead of waiting for the chunk to fill,
+its lookahead, and the token-silence rule. The flush is plain data on the front-end side, so it can
+cross a process boundary like any chunk.
+
+Decoder reconciliation: each stream's worker keeps `next_frame`, the first encoder frame it has not
+decoded with its committed state. A chunk or flush starting before it is decoded only from
+`next_frame` on, and `next_frame` moves to the end of its real-audio frames. So every frame of real
+audio is decoded once: the frames a flush covered, from the flush; the real chunk that later covers
+the same audio contributes only its frames after them. A flush's padding frames are decoded too, from
+a copy of the state, so that the last word's late pieces make it into the final (pieces that finish
+that word only: a new word there came from imagined silence); those tokens are remembered as
+published (`spec`), and when the real frames behind the padding are decoded, the tokens they give
+that match them, in order, are not emitted again (the first that differs ends the matching). The
+encoder frames of every later chunk are exactly those of a stream without the flush
+(the step wrote no cache).
+
 Front end on the caller's thread: features and chunking of a 20-320 ms push cost tens of
 microseconds of numpy (measured: docs/benchmarks.md), less than a thread hand-off would, and they
 keep each stream's audio in order without another queue. `push` never blocks on the encoder: a
@@ -32,12 +53,14 @@ open stream ends with reason "error", `on_fatal` is called, and every later call
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import logging
 import math
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -51,6 +74,7 @@ from asr_core.hooks import EngineHooks, NullHooks
 from asr_core.model import BatchDecoder, EncoderBackend, EngineModel, FrontEnd, StreamDecoder
 from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepPlan, StreamPhase
 from asr_core.transcript import FRAME_MS, Token, TranscriptAssembler
+from asr_core.vad import SpeechEndDetector
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +93,12 @@ class ChunkPayload:
     mel: np.ndarray
     energies_db: np.ndarray  # per encoder frame of the chunk (full chunk length; a short one is cut)
     completed_at: float  # monotonic time of the push that completed the chunk
+    # The VAD said the caller stopped: `mel` is the partial next chunk padded to a whole one, encoded
+    # without committing; its first `flush_frames` encoder frames (real audio) are decoded and the
+    # utterance is closed.
+    flush: bool = False
+    flush_frames: int = 0
+    speech_end_at: float | None = None  # flush: monotonic time the caller's last speech was live
 
 
 # -- messages to decoder workers ---------------------------------------------------------------
@@ -271,7 +301,7 @@ class AsrEngine:
             now = self._clock()
             for i, p in enumerate(payloads):
                 is_last = last and i == len(payloads) - 1
-                dropped += self._sched.push_chunk(key, p, now, is_last=is_last)
+                dropped += self._sched.push_chunk(key, p, now, is_last=is_last, flush=p.flush)
             if dropped and key in self._streams:
                 self._streams[key].shared.dropped = dropped[-1].dropped_total
             if end and not last:
@@ -358,7 +388,7 @@ class AsrEngine:
             self._slots[j.key] = encoder.alloc(j.prompt_id, j.lookahead)
         if not plan.rows:
             return
-        rows = [(self._slots[r.key], r.payload.mel, r.is_last) for r in plan.rows]
+        rows = [(self._slots[r.key], r.payload.mel, r.is_last, r.flush) for r in plan.rows]
         t0 = time.perf_counter()
         frames = encoder.step(rows)
         seconds = time.perf_counter() - t0
@@ -402,6 +432,11 @@ class AsrStream:
         self._frame_span = shared.lookahead + 1
         self._hist = np.zeros(0, np.float32)  # audio from sample _hist_start on (for frame energies)
         self._hist_start = 0
+        vad = engine.config.vad
+        self._vad = SpeechEndDetector(vad) if vad.enabled else None
+        # (sample after the push, time of the push) of the last second of pushes: when was a sample
+        # live? (the time to final of a flush is measured from its speech end)
+        self._pushes: deque[tuple[int, float]] = deque(maxlen=64)
 
     @property
     def stream_id(self) -> str:
@@ -426,11 +461,21 @@ class AsrStream:
                 raise StreamClosedError(f"stream {self.stream_id} is {self._state}")
             if x.size == 0:
                 return
-            chunks = self._frontend.push(x)
-            self._append_audio(x)
-            if chunks:
+            # A flush holds exactly the audio up to the VAD's decision, whatever the push sizes: the
+            # front end is fed up to that sample, flushed, then fed the rest.
+            start = self.shared.samples
+            self._pushes.append((start + x.size, self._engine._clock()))
+            ends = self._vad.push(x) if self._vad is not None else []
+            pos = 0
+            payloads: list[ChunkPayload] = []
+            for end in ends:
+                payloads += self._feed(x[pos : end.decided_at - start])
+                pos = end.decided_at - start
+                payloads.append(self._flush_payload(end.speech_end))
+            payloads += self._feed(x[pos:])
+            if payloads:
                 try:
-                    self._engine._submit(self.shared.key, self._payloads(chunks), last=False, end=False)
+                    self._engine._submit(self.shared.key, payloads, last=False, end=False)
                 except StreamClosedError:
                     self._state = "ended"
                     raise
@@ -459,9 +504,13 @@ class AsrStream:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _append_audio(self, x: np.ndarray) -> None:
+    def _feed(self, x: np.ndarray) -> list[ChunkPayload]:
+        if not x.size:
+            return []
+        chunks = self._frontend.push(x)
         self._hist = np.concatenate([self._hist, x]) if self._hist.size else x.copy()
         self.shared.samples += x.size
+        return self._payloads(chunks)
 
     def _payloads(self, chunks: list[np.ndarray]) -> list[ChunkPayload]:
         now = self._engine._clock()
@@ -478,6 +527,28 @@ class AsrStream:
             self._hist = self._hist[keep_from - self._hist_start :]
             self._hist_start = keep_from
         return out
+
+    def _flush_payload(self, speech_end: int) -> ChunkPayload:
+        """The partial next chunk as a flush (its chunk number is not used up: invariant 6 of the
+        scheduler)."""
+        first = self._chunks * self._frame_span
+        mel, real_frames = self._frontend.flush()
+        return ChunkPayload(
+            mel=mel,
+            energies_db=self._energies(first),
+            completed_at=self._engine._clock(),
+            flush=True,
+            flush_frames=real_frames,
+            speech_end_at=self._live_at(speech_end),
+        )
+
+    def _live_at(self, sample: int) -> float | None:
+        """When `sample` was live: the first push that carried it, less the audio after it in that
+        push (the caller's audio arrives in real time; a faster feed gives an early estimate)."""
+        for end, t in self._pushes:
+            if end >= sample:
+                return t - (end - sample) / SAMPLE_RATE_HZ
+        return None
 
     def _energies(self, first_frame: int) -> np.ndarray:
         out = np.full(self._frame_span, _SILENT_DB, np.float32)
@@ -527,6 +598,12 @@ class _SafeHooks:
         except Exception:
             self._failed("transcript")
 
+    def time_to_final(self, seconds: float) -> None:
+        try:
+            self._hooks.time_to_final(seconds)
+        except Exception:
+            self._failed("time_to_final")
+
 
 def _as_pcm(pcm: np.ndarray) -> np.ndarray:
     x = np.asarray(pcm)
@@ -555,6 +632,33 @@ class _WorkerStream:
     last_completed_at: float = 0.0
     lags: list[float] = field(default_factory=list)
     queue_wait_max_s: float = 0.0
+    next_frame: int = 0  # first encoder frame not decoded yet (the reconciliation rule, module doc)
+    flushes: int = 0
+    spec: list[int] = field(default_factory=list)  # published from a flush's padding, not yet confirmed
+    spec_end: int = 0  # the frame after that flush's chunk
+
+
+def _unpublished(ws: _WorkerStream, tokens: list[Token]) -> list[Token]:
+    """`tokens` less the leading ones a flush already published from its padding (`ws.spec`, in
+    order); the first token that differs ends the matching."""
+    k = 0
+    while k < len(tokens) and ws.spec and tokens[k].id == ws.spec[0]:
+        ws.spec.pop(0)
+        k += 1
+    if k < len(tokens):
+        ws.spec = []
+    return tokens[k:]
+
+
+def _frames_due(c: EncodedChunk[ChunkPayload]) -> int:
+    """Frames of `c` to decode: all of a chunk, the real-audio ones of a flush."""
+    n = int(c.frames.shape[0])
+    return min(n, c.payload.flush_frames) if c.flush else n
+
+
+def _already_decoded(ws: _WorkerStream, c: EncodedChunk[ChunkPayload]) -> int:
+    """Frames at the start of `c` that an earlier flush already decoded (the reconciliation rule)."""
+    return min(_frames_due(c), max(0, ws.next_frame - c.first_frame))
 
 
 class _DecoderWorker:
@@ -646,9 +750,10 @@ class _DecoderWorker:
         if ws.ended:
             return
         dec: StreamDecoder = self.decoder  # type: ignore[assignment]
+        skip = _already_decoded(ws, c)
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
-            tokens = dec.decode(ws.state, c.frames, c.first_frame)
+            tokens = dec.decode(ws.state, c.frames[skip : _frames_due(c)], c.first_frame + skip)
             dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         except Exception as e:
             logger.exception("stream %s: decoding failed", ws.shared.stream_id)
@@ -657,15 +762,18 @@ class _DecoderWorker:
         ws.decode_s += dt
         ws.decode_cpu_s += dc
         self.engine.hooks.decoder_step(dt, 1)
-        self._assemble(ws, c, tokens)
+        self._assemble(ws, c, tokens, skip)
 
     def _decode_batch(self, rnd: list[EncodedChunk[ChunkPayload]]) -> None:
         dec: BatchDecoder = self.decoder  # type: ignore[assignment]
         wss = [self.streams[c.key] for c in rnd]
+        skips = [_already_decoded(w, c) for w, c in zip(wss, rnd, strict=True)]
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
             tokens = dec.decode_batch(
-                [w.state for w in wss], [c.frames for c in rnd], [c.first_frame for c in rnd]
+                [w.state for w in wss],
+                [c.frames[k : _frames_due(c)] for c, k in zip(rnd, skips, strict=True)],
+                [c.first_frame + k for c, k in zip(rnd, skips, strict=True)],
             )
             dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         except Exception as e:
@@ -674,15 +782,28 @@ class _DecoderWorker:
                 self._fail(c.key, e)
             return
         self.engine.hooks.decoder_step(dt, len(rnd))
-        for ws, c, toks in zip(wss, rnd, tokens, strict=True):
+        for ws, c, toks, skip in zip(wss, rnd, tokens, skips, strict=True):
             ws.decode_s += dt / len(rnd)
             ws.decode_cpu_s += dc / len(rnd)
-            self._assemble(ws, c, toks)
+            self._assemble(ws, c, toks, skip)
 
-    def _assemble(self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], tokens: list[Token]) -> None:
-        n = int(c.frames.shape[0])
+    def _assemble(
+        self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], tokens: list[Token], skip: int
+    ) -> None:
+        n = _frames_due(c)
+        ws.next_frame = max(ws.next_frame, c.first_frame + n)
         try:
-            events = ws.assembler.update(tokens, c.first_frame, n, c.payload.energies_db[:n])
+            tokens = _unpublished(ws, tokens)
+            if not c.flush and c.first_frame + int(c.frames.shape[0]) >= ws.spec_end:
+                ws.spec = []  # the real frames behind the last flush's padding are all decoded
+            energies = c.payload.energies_db[skip:n]
+            events = ws.assembler.update(tokens, c.first_frame + skip, n - skip, energies)
+            if c.flush:
+                ws.flushes += 1
+                closed = ws.assembler.speech_ended(self._speculate(ws, c, n))
+                if closed and c.payload.speech_end_at is not None:
+                    self.engine.hooks.time_to_final(self.engine._clock() - c.payload.speech_end_at)
+                events += closed
         except Exception as e:
             logger.exception("stream %s: transcript assembly failed", ws.shared.stream_id)
             self._fail(c.key, e)
@@ -696,6 +817,32 @@ class _DecoderWorker:
         if len(ws.lags) > _LAG_SAMPLES:
             del ws.lags[: len(ws.lags) - _LAG_SAMPLES]
         self._emit(ws, events, c.payload.completed_at)
+
+    def _speculate(self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], real: int) -> list[Token]:
+        """Decode a flush's padding frames from a copy of the stream's decoder state: the late
+        pieces of the last word (the model emits a piece a frame or two after its audio) go into the
+        final. They become `ws.spec`, the tokens already published that the real frames behind the
+        padding are expected to give again; returns those not published yet."""
+        frames = c.frames[real:]
+        if not frames.shape[0]:
+            return []
+        state = copy.deepcopy(ws.state)
+        first = c.first_frame + real
+        if self.batched:
+            dec: BatchDecoder = self.decoder  # type: ignore[assignment]
+            spec = dec.decode_batch([state], [frames], [first])[0]
+        else:
+            one: StreamDecoder = self.decoder  # type: ignore[assignment]
+            spec = one.decode(state, frames, first)
+        # Only pieces that finish the last word: a new word from imagined silence could be wrong
+        # when the caller goes on (it comes with the real audio instead, in the next utterance).
+        text = self.engine.model.text
+        n = 0
+        while n < len(spec) and not text.starts_word(spec[n].id) and text.decode([spec[n].id])[0]:
+            n += 1
+        new = _unpublished(ws, spec[:n])
+        ws.spec, ws.spec_end = [t.id for t in spec[:n]], c.first_frame + int(c.frames.shape[0])
+        return new
 
     def _emit(self, ws: _WorkerStream, events: Sequence[AsrEvent], completed_at: float | None) -> None:
         now = self.engine._clock()
@@ -742,6 +889,8 @@ class _DecoderWorker:
             "lag_p50_s": lags[len(lags) // 2] if lags else 0.0,
             "lag_p95_s": lags[min(len(lags) - 1, int(0.95 * len(lags)))] if lags else 0.0,
             "lag_max_s": lags[-1] if lags else 0.0,
+            "flushes": float(ws.flushes),
+            "orphan_pieces": float(ws.assembler.orphan_pieces),
         }
         events.append(
             StreamEnded(

@@ -32,6 +32,11 @@ class FrontEnd(Protocol):
         """Flush at end of stream: the remaining chunks and whether the last of them is the stream's
         final (short) chunk that needs end-of-stream handling in the encoder."""
 
+    def flush(self) -> tuple[np.ndarray, int]:
+        """The partial next chunk for a mid-stream flush (kept pending): mel frames padded with
+        copies of its last frame to the next chunk and one more (MelChunker.flush_chunk), and the
+        number of its encoder frames that hold real audio; (0 frames, 0) before any audio."""
+
 
 class EncoderBackend(Protocol):
     """The MLX slot pool (owned by the engine's MLX thread)."""
@@ -40,8 +45,9 @@ class EncoderBackend(Protocol):
 
     def release(self, slot: int) -> None: ...
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
-        """One batched step over (slot, mel chunk, is_last) rows -> per row (T_i, J) frames."""
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
+        """One batched step over (slot, mel chunk, is_last, flush) rows -> per row (T_i, J) frames.
+        A flush row is encoded like the slot's next chunk without changing the slot's state."""
 
 
 class StreamDecoder(Protocol):
@@ -184,8 +190,12 @@ class AsrModel:
         from asr_core.chunker import MelChunker
         from asr_core.features import StreamingLogMel
 
+        # A flush adds a chunk of padding when the encoder's position tables reach that far.
+        extra = 1 if 2 * (lookahead + 1) <= max(self._lookaheads) + 1 else 0
         return _FrontEnd(
-            StreamingLogMel(self.bundle.mel_filters, self.bundle.config.features), MelChunker(lookahead)
+            StreamingLogMel(self.bundle.mel_filters, self.bundle.config.features),
+            MelChunker(lookahead),
+            extra,
         )
 
     def _graphs(self) -> Any:
@@ -212,9 +222,10 @@ class AsrModel:
 
 
 class _FrontEnd:
-    def __init__(self, features: Any, chunker: Any) -> None:
+    def __init__(self, features: Any, chunker: Any, flush_extra_chunks: int) -> None:
         self._features = features
         self._chunker = chunker
+        self._extra = flush_extra_chunks
 
     def push(self, pcm: np.ndarray) -> list[np.ndarray]:
         mel = self._features.push(pcm)
@@ -227,6 +238,10 @@ class _FrontEnd:
         if last is not None:
             return [*chunks, last], True
         return chunks, False
+
+    def flush(self) -> tuple[np.ndarray, int]:
+        mel, real = self._chunker.flush_chunk(self._extra)
+        return (mel, real) if mel.shape[0] else (np.zeros((0, self._features.cfg.n_mels), np.float32), 0)
 
 
 class _EncoderAdapter:
@@ -242,8 +257,10 @@ class _EncoderAdapter:
     def release(self, slot: int) -> None:
         self._encoder.release(slot)
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
-        return list(self._encoder.step([self._row(slot, mel, is_last) for slot, mel, is_last in rows]))
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
+        return list(
+            self._encoder.step([self._row(slot, mel, last, flush) for slot, mel, last, flush in rows])
+        )
 
     def warmup(self, lookahead: int, max_batch: int) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (GPU; else a no-op)."""
@@ -275,7 +292,8 @@ class _StreamDecoderAdapter:
     def decode(self, state: Any, frames: np.ndarray, first_frame: int) -> list[Token]:
         base = state.frames
         return [
-            Token(int(e.token), first_frame + int(e.frame) - base) for e in self._dec.decode(state, frames)
+            Token(int(e.token), first_frame + int(e.frame) - base, float(e.prob))
+            for e in self._dec.decode(state, frames)
         ]
 
 
@@ -292,6 +310,6 @@ class _BatchDecoderAdapter:
         bases = [s.frames for s in states]
         out = self._dec.decode(list(states), list(frames))
         return [
-            [Token(int(e.token), f0 + int(e.frame) - b) for e in ems]
+            [Token(int(e.token), f0 + int(e.frame) - b, float(e.prob)) for e in ems]
             for ems, f0, b in zip(out, first_frames, bases, strict=True)
         ]

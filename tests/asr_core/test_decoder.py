@@ -71,7 +71,9 @@ def test_each_frame_emits_until_blank_and_state_only_moves_on_emissions() -> Non
     state = dec.new_state()
     assert net.decoder_calls == 1  # primed with blank once
     out = dec.decode(state, _script([0, 2, 2, 3]))
-    assert out == [Emission(0, 1), Emission(1, 1), Emission(2, 3)]
+    assert [(e.token, e.frame) for e in out] == [(0, 1), (1, 1), (2, 3)]
+    # each carries the softmax probability of its logit 1 against nine logits 0
+    assert all(e.prob == pytest.approx(np.e / (np.e + 9)) for e in out)
     assert net.decoder_calls == 1 + 3  # a blank never runs the prediction network
     assert state.frames == 4 and float(state.g[0]) == 3
 
@@ -399,5 +401,12 @@ def test_numpy_and_mlx_nets_decode_the_tokens_of_onnxruntime(
         dec = BatchedGreedyDecoder(net, TINY.blank_id)
         states = dec.new_states(len(speech_frames))
         per_net.append([dec.decode(states, [f[a : a + 4] for f in speech_frames]) for a in range(0, 50, 4)])
-    assert per_net[0] == per_net[1] == per_net[2]
+    tokens = [[[(e.token, e.frame) for e in ems] for ems in step] for step in (s for n in per_net for s in n)]
+    n = len(per_net[0])
+    assert tokens[:n] == tokens[n : 2 * n] == tokens[2 * n :]
     assert any(any(ems) for step in per_net[0] for ems in step)
+    # the token probabilities agree across the three nets and are probabilities
+    probs = [[e.prob for step in net for ems in step for e in ems] for net in per_net]
+    np.testing.assert_allclose(probs[1], probs[0], atol=1e-4)
+    np.testing.assert_allclose(probs[2], probs[0], atol=1e-4)
+    assert all(0.0 < p <= 1.0 for p in probs[0])

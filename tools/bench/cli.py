@@ -1,4 +1,4 @@
-"""`ttg bench encoder|engine|decoder|media|sip|sink ...`: dispatch to tools/bench/<name>.py.
+"""`ttg bench encoder|engine|decoder|media|sip|sink|ttf|vad ...`: dispatch to tools/bench/<name>.py.
 
 Each benchmark module defines `add_arguments(parser)` and `main(args) -> int`. Only the chosen one is
 imported (like the subcommands of `ttg`), so a benchmark runs on a host that lacks what the others
@@ -20,6 +20,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "sip": ("tools.bench.sip", "SIP parser/core cost and sipp call setup rate against the front end"),
     "sink": ("tools.bench.sink", "Redis sink throughput, publish() cost, spool write and replay"),
     "quant": ("tools.bench.quant", "encoder step and weight memory: f16 vs q8 vs mixed68 bundles, same run"),
+    "vad": ("tools.bench.vad", "voice activity on telephone audio: end-of-speech latency, misses, splits"),
+    "ttf": ("tools.bench.ttf", "time to final through real calls: redis-server + ttg serve + ttg replay"),
 }
 
 
