@@ -19,10 +19,12 @@ projects ship as test data):
   PCMA + telephone-event 97; the session c= differs from o=.
 - audiocodes, twilio, telnyx: RFC 7865 as written (send and recv); twilio labels inbound/outbound and
   no telephone-event (Twilio sends no DTMF); telnyx adds Session-Expires 90.
-- opensips: `…:recording:1` with streams but no stream association; boundary `OSS-unique-boundary-42`.
+- opensips (its siprec module): `…:recording:1` in single quotes, `<participantstreamassoc>` with send
+  and recv, numeric labels, boundary `OSS-unique-boundary-42`; caller from From, callee from To, no
+  roles.
 
 Each recorded stream carries the leg name the gateway should give it (docs/events.md): `caller`/
-`callee` where the metadata has roles, else the sending participant's id, else `stream-<label>`.
+`callee` where the metadata has roles, else the sending participant's id.
 """
 
 from __future__ import annotations
@@ -153,7 +155,7 @@ def _name_id(c: _Call, p: Party, prefix: str = "", scheme: bool = True, lang: bo
 _PCMU_TE = "0 101\nrtpmap:0 PCMU/8000\nrtpmap:101 telephone-event/8000\nfmtp:101 0-16\nptime:20"
 
 
-def _rfc_document(c: _Call, legs: Sequence[RecordedLeg], *, recv: bool, assoc: bool, datamode: str) -> str:
+def _rfc_document(c: _Call, legs: Sequence[RecordedLeg], *, recv: bool, datamode: str) -> str:
     """RFC 7865 §6: session, participants, streams, participantstreamassoc (send, and recv if asked)."""
     sid = f"s{c.token}"
     parts = [
@@ -165,7 +167,7 @@ def _rfc_document(c: _Call, legs: Sequence[RecordedLeg], *, recv: bool, assoc: b
         parts.append(
             f'<stream stream_id="{leg.stream_id}" session_id="{sid}"><label>{leg.label}</label></stream>'
         )
-    for leg in legs if assoc else ():
+    for leg in legs:
         heard = "".join(f"<recv>{o.stream_id}</recv>" for o in legs if o is not leg) if recv else ""
         parts.append(
             f'<participantstreamassoc participant_id="{leg.sender.id}"><send>{leg.stream_id}</send>{heard}'
@@ -184,7 +186,7 @@ def cisco(c: _Call) -> RecordingOffer:
         [f"{_PCMU_TE}\nsendonly\nlabel:{leg.label}" for leg in legs],
         per_media_c=True,
     )
-    xml = _rfc_document(c, legs, recv=True, assoc=True, datamode="datamode")
+    xml = _rfc_document(c, legs, recv=True, datamode="datamode")
     body = _multipart(
         "uniqueBoundary",
         [
@@ -325,7 +327,7 @@ def broadworks(c: _Call) -> RecordingOffer:
     formats = "8 97\nrtpmap:8 PCMA/8000\nrtpmap:97 telephone-event/8000"
     media = [f"{formats}\nlabel:{leg.label}\nsendonly\nptime:20" for leg in legs]
     sdp = _sdp(c, "-", "SipCall", media, per_media_c=False)
-    xml = _rfc_document(c, legs, recv=False, assoc=True, datamode="dataMode")
+    xml = _rfc_document(c, legs, recv=False, datamode="dataMode")
     body = _multipart("foobar", [(SDP_PART, sdp), (METADATA_PART, xml)])
     return RecordingOffer(body, "multipart/mixed;boundary=foobar", (), legs)
 
@@ -334,19 +336,17 @@ def _rfc_vendor(
     labels: Sequence[str],
     *,
     dtmf: bool,
-    assoc: bool = True,
     boundary: str = "rs-boundary",
     headers: tuple[tuple[str, str], ...] = (),
 ) -> Callable[[_Call], RecordingOffer]:
     def build(c: _Call) -> RecordingOffer:
         parties = c.parties("p")
-        expected = [p.id for p in parties] if assoc else [f"stream-{label}" for label in labels]
-        legs = c.legs(parties, labels, expected)
+        legs = c.legs(parties, labels, [p.id for p in parties])
         formats = _PCMU_TE if dtmf else "0 8\nrtpmap:0 PCMU/8000\nrtpmap:8 PCMA/8000\nptime:20"
         sdp = _sdp(
             c, "-", "-", [f"{formats}\nlabel:{leg.label}\nsendonly" for leg in legs], per_media_c=False
         )
-        xml = _rfc_document(c, legs, recv=True, assoc=assoc, datamode="datamode")
+        xml = _rfc_document(c, legs, recv=True, datamode="datamode")
         body = _multipart(boundary, [(SDP_PART, sdp), (METADATA_PART, xml)])
         return RecordingOffer(body, f"multipart/mixed;boundary={boundary}", headers, legs)
 
@@ -362,7 +362,7 @@ VENDORS: dict[str, Callable[[_Call], RecordingOffer]] = {
     "audiocodes": _rfc_vendor(["1", "2"], dtmf=True),
     "twilio": _rfc_vendor(["inbound", "outbound"], dtmf=False),
     "telnyx": _rfc_vendor(["1", "2"], dtmf=True, headers=(("Session-Expires", "90;refresher=uac"),)),
-    "opensips": _rfc_vendor(["1", "2"], dtmf=True, assoc=False, boundary="OSS-unique-boundary-42"),
+    "opensips": _rfc_vendor(["1", "2"], dtmf=True, boundary="OSS-unique-boundary-42"),
 }
 
 

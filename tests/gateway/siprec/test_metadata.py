@@ -68,8 +68,7 @@ def test_every_vendor_offer_is_read_with_its_participants_and_streams(vendor: st
         participant = m.participant(leg.sender.id)
         assert participant is not None and participant.name == leg.sender.name
         assert leg.sender.user in participant.aor
-        if vendor != "opensips":  # OpenSIPS-shaped metadata declares no stream association
-            assert m.senders(stream.id) == (participant,)
+        assert m.senders(stream.id) == (participant,)
     expected_roles = {
         leg.sender.id: leg.expected_leg for leg in offer.legs if leg.expected_leg in ("caller", "callee")
     }

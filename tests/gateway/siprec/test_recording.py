@@ -57,8 +57,7 @@ def test_each_vendor_offer_gets_two_recvonly_legs_named_as_documented(vendor: st
         who = by_id[leg.sender.id]
         assert who["name"] == leg.sender.name and leg.sender.user in who["aor"]
         assert who["name_addr"].startswith(f'"{leg.sender.name}" <')
-        if vendor != "opensips":  # no stream association: nobody is known to speak on a leg
-            assert who["legs"] == [leg.expected_leg]
+        assert who["legs"] == [leg.expected_leg]
 
 
 def test_avaya_second_leg_uses_static_pcma_without_rtpmap() -> None:
@@ -94,6 +93,22 @@ def test_max_streams_caps_legs_and_answers_the_rest_with_port_0() -> None:
     neg = negotiated(sdp3, max_streams=2)
     answer = parse_sdp(SdpAnswerer("192.0.2.99").answer(neg, [30000, 30002]))
     assert [m.port for m in answer.media] == [30000, 30002, 0]
+
+
+def test_metadata_without_stream_association_names_legs_by_label() -> None:
+    # Streams declared, nobody said to send them (seen from an older OpenSIPS): who speaks is unknown.
+    m = parse_metadata(
+        '<recording xmlns="urn:ietf:params:xml:ns:recording:1">'
+        '<participant participant_id="A"/><participant participant_id="B"/>'
+        '<stream stream_id="s"><label>1</label></stream><stream stream_id="t"><label>2</label></stream>'
+        "</recording>"
+    )
+    names = name_legs(negotiated(SDP2).accepted, m, recording=True)
+    assert names == {0: "stream-1", 1: "stream-2"}
+    assert [p["legs"] for p in json.loads(participants_field(m, names, negotiated(SDP2).accepted))] == [
+        [],
+        [],
+    ]
 
 
 def test_single_stream_recording_without_association_is_mixed() -> None:
