@@ -282,6 +282,7 @@ class _Call:
     bye_branch: str | None = None
     contact_host: str | None = None
     recording: bool = False  # a SIPREC recording session (our 2xx say so)
+    streams: int = 1  # audio streams (legs) the call carries: what it counts against max_calls
 
 
 class UserAgent:
@@ -306,8 +307,20 @@ class UserAgent:
 
     @property
     def active_calls(self) -> int:
-        """Calls that count against max_calls: offered, answered or confirmed (not ending)."""
+        """Calls offered, answered or confirmed (not ending)."""
         return sum(1 for c in self._calls.values() if c.phase is not CallPhase.ENDING)
+
+    @property
+    def active_streams(self) -> int:
+        """The audio streams of those calls: what `max_calls` limits (a two-leg SIPREC call counts 2;
+        a call counts 1 until `set_streams` says more)."""
+        return sum(c.streams for c in self._calls.values() if c.phase is not CallPhase.ENDING)
+
+    def set_streams(self, call_ref: str, streams: int) -> None:
+        """How many audio streams a call carries, once its offer is negotiated (or re-negotiated)."""
+        call = self._calls.get(call_ref)
+        if call is not None:
+            call.streams = max(1, streams)
 
     def has_call(self, call_ref: str) -> bool:
         return call_ref in self._calls
@@ -445,7 +458,7 @@ class UserAgent:
             if status in (415, 488, 406):
                 self.counters.calls["rejected_codec"] += 1
             return self._respond(key, status, now, headers=headers, warning=warning)
-        decision = self.admission.admit_invite(entry.flow.remote[0], self.active_calls, now)
+        decision = self.admission.admit_invite(entry.flow.remote[0], self.active_streams, now)
         if not decision.admitted:
             return self._refuse(key, decision, now)
         return self._offer(req, key, entry, now)

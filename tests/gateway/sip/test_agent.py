@@ -329,6 +329,19 @@ def test_require_siprec_with_another_extension_names_only_the_other() -> None:
     assert status_of(r) == 420 and header(r, "Unsupported") == "100rel"
 
 
+def test_capacity_counts_streams_so_a_two_leg_call_takes_two_places() -> None:
+    ua = make_ua(admission=AdmissionConfig(max_calls=3, invite_rate_per_s=0))
+    first = offered(ua, invite(call_id="a@h"))
+    ua.set_streams(first, 2)  # a SIPREC session with two recorded streams
+    offered(ua, invite(call_id="b@h"))
+    assert (ua.active_calls, ua.active_streams) == (2, 3)
+    (full,) = sends(ua.receive(invite(call_id="c@h"), UDP, 0.1))
+    assert status_of(full) == 503 and header(full, "Retry-After")
+    ua.hangup(first, 0.2)  # ending: its streams no longer count
+    assert ua.active_streams == 1
+    assert codes(ua.receive(invite(call_id="d@h"), UDP, 0.3)) == [100]
+
+
 def test_with_siprec_off_a_recording_session_is_refused() -> None:
     ua = make_ua(siprec=False)
     (r,) = sends(ua.receive(invite(extra=SRC), UDP, 0.0))
