@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.sdp import Negotiation, SdpAnswerer, negotiate, parse_sdp
-from gateway.siprec.metadata import parse_metadata
+from gateway.siprec.metadata import MetadataError, parse_metadata
 from gateway.siprec.multipart import BodyError
 from gateway.siprec.recording import (
     OfferBody,
@@ -203,3 +205,41 @@ def test_metadata_part_found_by_disposition_and_placed_before_the_sdp() -> None:
     )
     body = read_offer_body("multipart/mixed; boundary=B", payload)
     assert body.metadata is not None and body.sdp is not None and body.sdp.startswith(b"v=0")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    content_type=st.sampled_from(
+        [
+            "multipart/mixed;boundary=b",
+            "multipart/mixed",
+            "application/rs-metadata+xml",
+            "application/sdp",
+            "x/y",
+        ]
+    ),
+    payload=st.binary(max_size=600)
+    | st.builds(
+        lambda parts: b"".join(b"--b\r\n" + h + b"\r\n\r\n" + c + b"\r\n" for h, c in parts) + b"--b--\r\n",
+        st.lists(
+            st.tuples(
+                st.sampled_from(
+                    [
+                        b"Content-Type: application/sdp",
+                        b"Content-Type: application/rs-metadata+xml",
+                        b"Content-Disposition: recording-session",
+                        b"Content-Type: a/b\r\nContent-Disposition: x;handling=required",
+                        b"",
+                    ]
+                ),
+                st.binary(max_size=200) | st.sampled_from([b"<recording/>", b"<recording><x", b"v=0"]),
+            ),
+            max_size=4,
+        ),
+    ),
+)
+def test_any_body_is_read_or_refused_with_a_4xx(content_type: str, payload: bytes) -> None:
+    try:
+        read_offer_body(content_type, payload)
+    except (BodyError, MetadataError) as e:
+        assert 400 <= e.status < 500
