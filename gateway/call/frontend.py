@@ -21,7 +21,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from gateway import metrics
@@ -126,6 +126,9 @@ class FrontEndConfig:
                 model_name=model_name,
                 contact_hosts=(sip.advertised_host, sip.host),
                 media_hosts=(rtp.advertised_host, sip.advertised_host, rtp.host),
+                max_streams=rtp.max_streams,
+                multi_leg_calls=rtp.multi_leg_calls,
+                siprec=sip.siprec,
             ),
         )
 
@@ -180,6 +183,7 @@ class TelephonyFrontEnd:
                 timers=config.timers,
                 admission=config.admission,
                 digest=config.digest,
+                siprec=config.call.siprec,
             )
         )
         self.sip = SipEndpoint(
@@ -213,6 +217,11 @@ class TelephonyFrontEnd:
     @property
     def active_calls(self) -> int:
         return len(self._calls)
+
+    @property
+    def active_streams(self) -> int:
+        """Audio streams (legs) of the calls in progress: what TTG_SIP__MAX_CALLS counts."""
+        return sum(max(1, len(call.core.live_legs)) for call in self._calls.values())
 
     def stop_admitting(self) -> None:
         """New INVITEs get 503 + Retry-After from now on; calls in progress go on."""
@@ -252,6 +261,9 @@ class TelephonyFrontEnd:
             logger.debug("call %s: %s", event.call_ref, event)
             return
         if isinstance(inp, Offered):
+            # Capacity counts streams: this call holds one place so far (the SIP core admitted it).
+            free = self.config.admission.max_calls - self.agent.active_streams + 1
+            inp = replace(inp, streams_free=max(0, free))
             self._calls[event.call_ref] = _Call(
                 event.call_ref, CallCore(event.call_ref, self.config.call, now=self.sip.now())
             )
@@ -295,7 +307,9 @@ class TelephonyFrontEnd:
         if call.core.finished:
             self._forget(call)
         else:
+            self.agent.set_streams(ref, len(call.core.live_legs))
             self._rearm(call)
+        metrics.ACTIVE_STREAMS.set(self.active_streams)
 
     def _fail(self, call: _Call, inp: CallInput | None) -> None:
         if not isinstance(inp, Failed):
@@ -319,8 +333,8 @@ class TelephonyFrontEnd:
                     logger.exception("call %s: publishing %s failed", ref, event.type)
             case Ring():
                 self.sip.ring(ref)
-            case Answer(sdp=sdp, contact_host=host):
-                self.sip.answer(ref, sdp, contact_host=host)
+            case Answer(sdp=sdp, contact_host=host, recording=recording):
+                self.sip.answer(ref, sdp, contact_host=host, recording=recording)
             case Reject(status=status, warning=warning, result=result):
                 self.sip.reject(ref, status, warning=warning, result=result)
             case AnswerReoffer(sdp=sdp, contact_host=host):
@@ -354,5 +368,6 @@ class TelephonyFrontEnd:
         self.legs.discard(call.ref)
         if self._calls.pop(call.ref, None) is not None:
             metrics.ACTIVE_CALLS.set(len(self._calls))
+            metrics.ACTIVE_STREAMS.set(self.active_streams)
         if not self._calls:
             self._idle.set()
