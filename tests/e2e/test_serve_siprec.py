@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -23,10 +25,11 @@ import soundfile as sf
 
 from asr_core.api import TranscriptEvent
 from asr_core.model import AsrModel
+from gateway.rtp.sender import RtpSender
 from gateway.sink.audit import audit, read_stream
-from tests.e2e.conftest import STREAM, Serve, gateway_pcm, port_block
-from tools.replay import LoadConfig, MediaConfig, ReplayConfig, run_replay_async
-from tools.replay.siprec import VENDORS
+from tests.e2e.conftest import STREAM, Serve, Speech, gateway_pcm, port_block, until
+from tools.replay import LoadConfig, MediaConfig, ReplayConfig, run_replay_async, sdp, sipmsg
+from tools.replay.siprec import VENDORS, build_offer
 from tools.transcribe import transcribe
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -166,3 +169,165 @@ async def test_replay_of_twenty_recording_sessions_transcribes_forty_legs(
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert "## Legs" in markdown and "legs: **40**, with finals 40" in markdown
     assert gw.stop() == 0
+
+
+# --- what a broken or changing SRC gets ------------------------------------------------------------------
+
+
+class RawSip:
+    """A SIP client over one TCP connection, written out by hand: requests as text, responses parsed."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=15)
+        self.local = self.sock.getsockname()
+        self.buf = b""
+        self.n = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def request(self, method: str, headers: dict[str, str], body: bytes = b"", cseq: int = 1) -> None:
+        self.n += 1
+        host, port = self.local
+        lines = [
+            f"{method} sip:ttg@127.0.0.1 SIP/2.0",
+            f"Via: SIP/2.0/TCP {host}:{port};branch=z9hG4bK-raw-{self.n}-{time.monotonic_ns()}",
+            "Max-Forwards: 70",
+            f"CSeq: {cseq} {method}",
+            *(f"{k}: {v}" for k, v in headers.items()),
+            f"Content-Length: {len(body)}",
+        ]
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+
+    def final(self) -> sipmsg.SipMessage:
+        """The next final response (1xx skipped)."""
+        while True:
+            while b"\r\n\r\n" not in self.buf:
+                self.buf += self.sock.recv(65536)
+            head, _, rest = self.buf.partition(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
+            while len(rest) < length:
+                rest += self.sock.recv(65536)
+            message, self.buf = sipmsg.parse(head + b"\r\n\r\n" + rest[:length]), rest[length:]
+            if message.status is not None and message.status >= 200:
+                return message
+
+
+def invite_headers(call_id: str, content_type: str, **extra: str) -> dict[str, str]:
+    return {
+        "From": f"<sip:src@127.0.0.1>;tag=src-{call_id.split('@')[0]}",
+        "To": "<sip:ttg@127.0.0.1>",
+        "Call-ID": call_id,
+        "Contact": "<sip:src@127.0.0.1;transport=tcp>;+sip.src",
+        "Require": "siprec",
+        "Content-Type": content_type,
+        **extra,
+    }
+
+
+async def test_a_broken_src_gets_4xx_and_a_changing_one_keeps_both_legs_and_their_finals(
+    serve: Callable[..., Serve], tiny_bundle: Path, redis_url: str, short_speech: Speech
+) -> None:
+    gw = serve(bundle=tiny_bundle, redis_url=redis_url, env={"TTG_DAEMON__UVLOOP": "false"})
+    await asyncio.to_thread(gw.start)
+    rtp = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    for s in rtp:
+        s.bind(("127.0.0.1", 0))
+    offer = build_offer(
+        "cisco", index=1, ip="127.0.0.1", ports=[s.getsockname()[1] for s in rtp], session_id=7
+    )
+    sdp_part = offer.body.split(b"--uniqueBoundary\r\n")[1]
+    xml = offer.body.split(b"--uniqueBoundary\r\n")[2].split(b"\r\n\r\n", 1)[1].rsplit(b"\r\n", 1)[0]
+    sip = RawSip(gw.sip_port)
+    try:
+        entity = b'<!DOCTYPE r [<!ENTITY x "y">]><recording '
+        required = b"signal;handling=required"
+        refused = {
+            "no boundary": ("multipart/mixed", offer.body, 400),
+            "bad XML": (offer.content_type, offer.body.replace(b"</recording>", b"</recordin"), 400),
+            "entities": (offer.content_type, offer.body.replace(b"<recording ", entity), 400),
+            "no SDP": ("application/rs-metadata+xml", xml, 400),
+            "required part": (
+                offer.content_type,
+                offer.body.replace(b"signal;handling=optional", required),
+                415,
+            ),
+        }
+        for n, (what, (ctype, body, status)) in enumerate(refused.items()):
+            sip.request("INVITE", invite_headers(f"bad-{n}@h", ctype), body)
+            answer = sip.final()
+            assert answer.status == status, (what, answer.status, answer.reason, answer.get("Warning"))
+            assert what != "no boundary" or "boundary" in (answer.get("Warning") or "")
+            sip.request("ACK", invite_headers(f"bad-{n}@h", ctype) | {"To": answer.get("To") or ""}, cseq=1)
+
+        # A session whose metadata names a stream that does not exist: taken, the legs named by what is known.
+        ghost = offer.body.replace(
+            f"<send>{offer.legs[1].stream_id}</send>".encode(), b"<send>ghost</send>", 1
+        )
+        call = "rec-1@h"
+        sip.request("INVITE", invite_headers(call, offer.content_type), ghost)
+        ok = sip.final()
+        assert (
+            ok.status == 200
+            and ok.get("Require") == "siprec"
+            and (ok.get("Contact") or "").endswith("+sip.srs")
+        )
+        dialog = invite_headers(call, offer.content_type) | {"To": ok.get("To") or ""}
+        sip.request("ACK", {k: v for k, v in dialog.items() if k != "Content-Type"}, cseq=1)
+        ports = [a.port for a in sdp.parse_answers(ok.body) if isinstance(a, sdp.MediaAnswer)]
+        assert len(ports) == 2
+
+        # Both parties speak; meanwhile the SRC sends a broken update, then a metadata-only one.
+        sender = asyncio.create_task(speak(rtp, ports, short_speech.codes))
+        await asyncio.sleep(1.0)
+        sip.request("INVITE", dialog, sdp_part.replace(b"</", b"<"), cseq=2)  # neither SDP nor metadata
+        assert sip.final().status == 400
+        renamed = xml.replace(b"Agent 1", b"Agent Smith").replace(b"<datamode>complete", b"<datamode>partial")
+        sip.request("INVITE", dialog | {"Content-Type": "application/rs-metadata+xml"}, renamed, cseq=3)
+        update = sip.final()
+        assert update.status == 200 and update.body.startswith(b"v=0")  # our SDP, as the offer
+        sip.request("ACK", {k: v for k, v in dialog.items() if k != "Content-Type"}, cseq=3)
+        await sender
+        await asyncio.sleep(1.0)
+        sip.request("BYE", {k: v for k, v in dialog.items() if k != "Content-Type"}, cseq=4)
+        assert sip.final().status == 200
+    finally:
+        sip.close()
+        for s in rtp:
+            s.close()
+
+    def ended() -> bool:
+        return any(f["type"] == "call_end" for _, f in read_stream(redis_url, STREAM))
+
+    await until(ended, "call_end in Redis", timeout_s=30, detail=gw.log_tail)
+    entries = read_stream(redis_url, STREAM)
+    report = audit(entries)
+    assert not report.problems, report.problems
+    (start,) = [f for _, f in entries if f["type"] == "call_start"]  # only the good session started
+    (end,) = [f for _, f in entries if f["type"] == "call_end"]
+    legs = json.loads(start["legs"])
+    assert legs == [offer.legs[0].expected_leg, "stream-2"]  # the second stream's sender is unknown
+    finals = Counter(f["leg"] for _, f in entries if f["type"] == "final")
+    assert finals[legs[0]] >= 1 and finals[legs[1]] >= 1, finals
+    names = {p["id"]: p["name"] for p in json.loads(end["participants"])}
+    assert names[offer.legs[1].sender.id] == "Agent Smith"  # the metadata-only update was applied
+    assert {leg: v["asr"] for leg, v in json.loads(end["legs"]).items()} == dict.fromkeys(legs, "finished")
+    assert gw.running and gw.metric("ttg_calls_total", result="rejected_codec") == len(refused)
+    assert gw.stop() == 0
+
+
+async def speak(socks: list[socket.socket], ports: list[int], codes: bytes) -> None:
+    """Both legs send the same µ-law speech in real time, 20 ms packets."""
+    packets = [
+        RtpSender("PCMU", ssrc=100 + i, seq=1, timestamp=0).audio(codes).packets for i in range(len(ports))
+    ]
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for k in range(len(packets[0])):
+        for sock, port, leg in zip(socks, ports, packets, strict=True):
+            sock.sendto(leg[k].data, ("127.0.0.1", port))
+        await asyncio.sleep(max(0.0, t0 + (k + 1) * 0.02 - loop.time()))
