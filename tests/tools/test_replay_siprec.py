@@ -3,11 +3,14 @@ per-leg report."""
 
 from __future__ import annotations
 
+import argparse
 import json
+from pathlib import Path
 
 import pytest
 
-from tools.replay import report, sdp
+from tools.replay import ReplayConfig, report, sdp
+from tools.replay import cli as replay_cli
 from tools.replay.analysis import ReceivedEvent, UtteranceTiming
 from tools.replay.sipmsg import parse
 from tools.replay.siprec import VENDORS, build_offer, vendor_of_call
@@ -112,3 +115,18 @@ def test_summary_counts_calls_once_and_legs_each() -> None:
 
     s = report.summarize([result(0, "caller", 2), result(0, "callee", 1), result(1, "caller", 0)])
     assert (s.calls, s.completed, s.legs, s.legs_with_finals, s.finals, s.rtp_sent) == (2, 2, 3, 2, 3, 150)
+
+
+def test_the_command_line_takes_siprec_with_or_without_a_vendor(tmp_path: Path) -> None:
+    def config(*argv: str) -> ReplayConfig:
+        parser = argparse.ArgumentParser()
+        replay_cli.add_arguments(parser)
+        return replay_cli.config_from_args(
+            parser.parse_args([*argv, "--generate", "2", "--out", str(tmp_path)])
+        )
+
+    assert config("--siprec", "--calls", "20").siprec == "all"
+    assert config("--siprec", "sonus", "--leg-offset-ms", "800").leg_offset_ms == 800
+    assert config().siprec == ""
+    with pytest.raises(SystemExit):
+        config("--siprec", "nobody")
