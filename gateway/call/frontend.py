@@ -159,6 +159,7 @@ class _Call:
     core: CallCore
     timer: asyncio.TimerHandle | None = None
     timer_at: float | None = None
+    streams: int = 1  # its legs, as the SIP core and ttg_active_streams last heard
 
 
 class TelephonyFrontEnd:
@@ -221,7 +222,7 @@ class TelephonyFrontEnd:
     @property
     def active_streams(self) -> int:
         """Audio streams (legs) of the calls in progress: what TTG_SIP__MAX_CALLS counts."""
-        return sum(max(1, len(call.core.live_legs)) for call in self._calls.values())
+        return sum(call.streams for call in self._calls.values())
 
     def stop_admitting(self) -> None:
         """New INVITEs get 503 + Retry-After from now on; calls in progress go on."""
@@ -269,6 +270,7 @@ class TelephonyFrontEnd:
             )
             self._idle.clear()
             metrics.ACTIVE_CALLS.set(len(self._calls))
+            metrics.ACTIVE_STREAMS.set(self.active_streams)
         self._feed(event.call_ref, inp)
 
     def leg_event(self, call_id: str, event: LegInput) -> None:
@@ -307,9 +309,12 @@ class TelephonyFrontEnd:
         if call.core.finished:
             self._forget(call)
         else:
-            self.agent.set_streams(ref, len(call.core.live_legs))
+            streams = max(1, len(call.core.live_legs))
+            if streams != call.streams:  # an offer or re-offer decided the call's legs
+                call.streams = streams
+                self.agent.set_streams(ref, streams)
+                metrics.ACTIVE_STREAMS.set(self.active_streams)
             self._rearm(call)
-        metrics.ACTIVE_STREAMS.set(self.active_streams)
 
     def _fail(self, call: _Call, inp: CallInput | None) -> None:
         if not isinstance(inp, Failed):

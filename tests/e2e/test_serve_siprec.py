@@ -280,6 +280,7 @@ async def test_a_broken_src_gets_4xx_and_a_changing_one_keeps_both_legs_and_thei
         sip.request("ACK", {k: v for k, v in dialog.items() if k != "Content-Type"}, cseq=1)
         ports = [a.port for a in sdp.parse_answers(ok.body) if isinstance(a, sdp.MediaAnswer)]
         assert len(ports) == 2
+        assert (gw.metric("ttg_active_calls"), gw.metric("ttg_active_streams")) == (1, 2)
 
         # Both parties speak; meanwhile the SRC sends a broken update, then a metadata-only one.
         sender = asyncio.create_task(speak(rtp, ports, short_speech.codes))
@@ -317,6 +318,7 @@ async def test_a_broken_src_gets_4xx_and_a_changing_one_keeps_both_legs_and_thei
     assert names[offer.legs[1].sender.id] == "Agent Smith"  # the metadata-only update was applied
     assert {leg: v["asr"] for leg, v in json.loads(end["legs"]).items()} == dict.fromkeys(legs, "finished")
     assert gw.running and gw.metric("ttg_calls_total", result="rejected_codec") == len(refused)
+    assert gw.metric("ttg_active_streams") == 0
     assert gw.stop() == 0
 
 
