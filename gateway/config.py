@@ -96,7 +96,12 @@ class SipSettings(BaseModel):
     host: str = Field("0.0.0.0", description="SIP bind address (UDP and TCP)")
     port: int = Field(5060, ge=1, le=65535, description="SIP port")
     advertised_host: str = Field("", description="Address put in Contact/SDP; empty = the bind address")
-    max_calls: int = Field(200, ge=0, description="Concurrent calls admitted; more get 503 + Retry-After")
+    max_calls: int = Field(
+        200,
+        ge=0,
+        description="Concurrent audio streams admitted (a call counts one per leg: a two-party SIPREC "
+        "session two); beyond it INVITEs get 503 + Retry-After",
+    )
     allow_cidrs: list[str] = Field(
         default_factory=lambda: ["0.0.0.0/0", "::/0"],
         description="Source networks allowed to call (else 403)",
@@ -105,6 +110,11 @@ class SipSettings(BaseModel):
         default_factory=lambda: _sip_list("udp", "tcp"), description="SIP transports to listen on (same port)"
     )
     user_agent: str = Field("ttg", description="Server/User-Agent header value")
+    siprec: bool = Field(
+        True,
+        description="Take SIPREC recording sessions (RFC 7866): one leg per recorded stream; "
+        "off: Require: siprec gets 420",
+    )
     digest_user: str = Field("", description="Digest auth user for INVITEs (RFC 7616); empty = no auth")
     digest_password: str = Field("", description="Digest auth password")
     digest_realm: str = Field("ttg", description="Digest auth realm")
@@ -148,7 +158,16 @@ class RtpSettings(BaseModel):
         description="Accepted audio codecs (the offer's order wins)",
     )
     max_streams: int = Field(
-        1, ge=1, le=32, description="Audio m= lines accepted per call (SIPREC: one per leg)"
+        2,
+        ge=1,
+        le=32,
+        description="Most audio m= lines of one offer taken as legs: SIPREC (one per recorded stream), "
+        "or a plain call with MULTI_LEG_CALLS; the rest are answered with port 0",
+    )
+    multi_leg_calls: bool = Field(
+        False,
+        description="A plain INVITE with several m=audio becomes one leg per stream (up to MAX_STREAMS); "
+        "off: only the first is taken",
     )
     ptime_ms: int = Field(
         20, ge=10, le=60, description="a=ptime of answers when the offer has none in 10-60 ms"

@@ -172,7 +172,7 @@ def check_settings(s: Settings) -> list[Finding]:
     """What an operator would want to hear about before the gateway takes calls."""
     out: list[Finding] = []
     pairs = rtp_port_pairs(s.rtp.port_min, s.rtp.port_max)
-    needed = s.sip.max_calls * s.rtp.max_streams
+    needed = s.sip.max_calls  # it counts streams (legs), one RTP/RTCP pair each
     if s.rtp.port_min >= s.rtp.port_max or pairs == 0:
         rng = f"TTG_RTP__PORT_MIN ({s.rtp.port_min}) .. TTG_RTP__PORT_MAX ({s.rtp.port_max})"
         out.append(Finding(logging.ERROR, f"{rng} holds no RTP/RTCP port pair"))
@@ -181,8 +181,8 @@ def check_settings(s: Settings) -> list[Finding]:
             Finding(
                 logging.ERROR,
                 f"RTP ports {s.rtp.port_min}-{s.rtp.port_max} hold {pairs} RTP/RTCP pairs but "
-                f"TTG_SIP__MAX_CALLS={s.sip.max_calls} x TTG_RTP__MAX_STREAMS={s.rtp.max_streams} needs "
-                f"{needed}: widen the range or lower max_calls",
+                f"TTG_SIP__MAX_CALLS={s.sip.max_calls} streams need as many: widen the range or lower "
+                "max_calls",
             )
         )
     elif s.rtp.port_quarantine_s > 0 and pairs < needed + needed // 10:

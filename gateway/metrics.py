@@ -23,6 +23,10 @@ BUILD_INFO = Info("ttg_build", "Build information of the gateway")
 
 # --- calls and SIP -------------------------------------------------------------------------------
 ACTIVE_CALLS = Gauge("ttg_active_calls", "Calls currently up (answered or being set up)")
+ACTIVE_STREAMS = Gauge(
+    "ttg_active_streams",
+    "Audio streams (legs) of the calls currently up: what TTG_SIP__MAX_CALLS counts",
+)
 CALLS = Counter("ttg_calls_total", "Calls by outcome", ["result"])
 SIP_REQUESTS = Counter("ttg_sip_requests_total", "SIP requests received", ["method"])
 SIP_RESPONSES = Counter("ttg_sip_responses_total", "SIP responses sent", ["code"])

@@ -489,11 +489,15 @@ def negotiate(
     codecs: Sequence[str] = SUPPORTED_CODECS,
     max_streams: int = 1,
     default_ptime_ms: int = DEFAULT_PTIME_MS,
+    recording: bool = False,
 ) -> Negotiation:
     """RFC 3264 §6: decide, for each offered m= line, whether we receive it and with what.
 
     `codecs` is the operator's allow list (subset of PCMU/PCMA); the offerer's order picks among them.
-    `max_streams` caps accepted audio streams (1 for a trunk call; SIPREC offers one per leg).
+    `max_streams` caps accepted audio streams (1 for a trunk call; SIPREC offers one per leg): the first
+    `max_streams` acceptable m= lines are taken, the rest answered with port 0.
+    `recording`: the offer is a SIPREC recording session (RFC 7866), whose streams are `sendonly`
+    by design, so `sendonly` is not hold there (only `inactive` or c=0.0.0.0 is).
     Raises NegotiationError when no stream is acceptable: the SIP side answers 488.
     """
     allowed = {c.upper() for c in codecs}
@@ -503,7 +507,7 @@ def negotiate(
     plans: list[MediaPlan | None] = []
     reasons: list[str | None] = []
     for index, m in enumerate(offer.media):
-        plan, reason = _negotiate_stream(offer, index, m, allowed, default_ptime_ms)
+        plan, reason = _negotiate_stream(offer, index, m, allowed, default_ptime_ms, recording)
         if plan is not None and sum(p is not None for p in plans) >= max_streams:
             plan, reason = None, f"only {max_streams} audio stream(s) accepted"
         plans.append(plan)
@@ -541,7 +545,12 @@ def negotiate_answer(
 
 
 def _negotiate_stream(
-    offer: SessionDescription, index: int, m: MediaDescription, allowed: set[str], default_ptime_ms: int
+    offer: SessionDescription,
+    index: int,
+    m: MediaDescription,
+    allowed: set[str],
+    default_ptime_ms: int,
+    recording: bool = False,
 ) -> tuple[MediaPlan | None, str | None]:
     if m.media != "audio":
         return None, f"media {m.media!r} not supported"
@@ -604,7 +613,9 @@ def _negotiate_stream(
             rtcp_port = int(head)
 
     direction = offer.direction_of(m)
-    on_hold = direction in ("sendonly", "inactive") or conn.is_null
+    # RFC 7866: an SRC offers the streams it records sendonly; for a trunk call sendonly is hold.
+    hold_directions = ("inactive",) if recording else ("sendonly", "inactive")
+    on_hold = direction in hold_directions or conn.is_null
     plan = MediaPlan(
         index=index,
         codec=codec,

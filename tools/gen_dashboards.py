@@ -181,7 +181,13 @@ def gateway_rows() -> list[Row]:
         Row(
             "Calls",
             [
-                Panel("Active calls", [(f"sum(ttg_active_calls{SEL})", "active")], kind="stat", width=6),
+                Panel(
+                    "Active calls",
+                    [(f"sum(ttg_active_calls{SEL})", "calls"), (f"sum(ttg_active_streams{SEL})", "streams")],
+                    kind="stat",
+                    width=6,
+                    description="Streams: the calls' legs (SIPREC: one per party), what MAX_CALLS counts",
+                ),
                 Panel(
                     "Redis up",
                     [(f"min(ttg_redis_up{SEL})", "up")],
@@ -391,7 +397,10 @@ def asr_rows() -> list[Row]:
                     unit="cps",
                     description="A call's queue overflowed: the engine cannot keep up",
                 ),
-                Panel("Active calls", [(f"sum(ttg_active_calls{SEL})", "calls")]),
+                Panel(
+                    "Active calls",
+                    [(f"sum(ttg_active_calls{SEL})", "calls"), (f"sum(ttg_active_streams{SEL})", "streams")],
+                ),
             ],
         ),
     ]

@@ -23,11 +23,14 @@ from gateway.sip.message import SipRequest
 
 @dataclass(frozen=True, slots=True)
 class Offered:
-    """The SIP core admitted an initial INVITE; `local_ip` is our address toward its source."""
+    """The SIP core admitted an initial INVITE; `local_ip` is our address toward its source.
+    `streams_free`: how many audio streams the gateway can still take with this call (capacity counts
+    streams: a call whose offer needs more legs is refused 503); None: no limit."""
 
     request: SipRequest
     flow: Flow
     local_ip: str
+    streams_free: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +182,12 @@ class Ring:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
+    """The 2xx to the INVITE; `recording`: it answers a SIPREC recording session (RFC 7866: our
+    Contact says +sip.srs, and Require: siprec when the SRC named the tag)."""
+
     sdp: bytes
     contact_host: str
+    recording: bool = False
 
 
 @dataclass(frozen=True, slots=True)

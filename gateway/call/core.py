@@ -30,11 +30,16 @@ every leg's stream has ended, call_end is published. A stream that does not end 
 `finish_timeout_s` is closed and call_end published anyway (`asr=timeout`). Every call that published
 call_start publishes exactly one call_end, after every transcript and DTMF event of the call.
 
-Rule 3, legs: a call has 1..N legs (today one, `caller`), each an audio stream with its own media
-plan, RTP port, ASR stream, stats and `leg` name on its events; call_start and call_end are once per
-call. Audio never passes through this core: whoever runs the legs wires a leg's media to its ASR
-stream. The core sees a leg's lifecycle (open ASR → port → update → close → stats → finish), its
-media events (DTMF, inactivity) and its ASR events (transcripts, stream end).
+Rule 3, legs: a call has 1..N legs, each an audio stream with its own media plan, RTP port, ASR
+stream, stats and `leg` name on its events; call_start and call_end are once per call, on the first
+leg. A trunk call has one leg, `caller`; a SIPREC recording session (RFC 7866) one per recorded
+stream, named from its metadata (gateway.siprec.recording.name_legs); a plain offer with several
+audio streams one per stream when multi-leg calls are allowed. A re-offer updates the legs' media
+and the recording metadata; a stream it drops (port 0) ends that leg alone (its media closes, its
+last finals come); a stream it adds is refused (port 0). Audio never passes through this core:
+whoever runs the legs wires a leg's media to its ASR stream. The core sees a leg's lifecycle (open
+ASR → port → update → close → stats → finish), its media events (DTMF, inactivity) and its ASR
+events (transcripts, stream end).
 
 Driven by the front end (gateway.call.frontend), which turns SIP call events, leg results and media/
 ASR events into the inputs below and carries out the effects. No sockets, tasks, threads or clocks.
@@ -43,11 +48,12 @@ ASR events into the inputs below and carries out the effects. No sockets, tasks,
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from asr_core.api import StreamEnded, StreamOptions
@@ -100,7 +106,19 @@ from gateway.sdp import (
     negotiate_answer,
     parse_sdp,
 )
+from gateway.sip.headers import tokens_list
 from gateway.sip.message import SipRequest
+from gateway.siprec.metadata import MetadataError, RecordingMetadata, merge
+from gateway.siprec.multipart import BodyError
+from gateway.siprec.recording import (
+    OfferBody,
+    SessionKind,
+    name_legs,
+    participants_field,
+    read_offer_body,
+    session_kind,
+    stream_limit,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +143,11 @@ class CallConfig:
     # Contact and SDP addresses: the first concrete one of these, else our address toward the caller.
     contact_hosts: tuple[str, ...] = ()
     media_hosts: tuple[str, ...] = ()
-    # The legs a call may have, in m= line order: one accepted audio stream each (a trunk call: the
-    # caller's). call_start and call_end carry the first one's name.
-    leg_names: tuple[str, ...] = ("caller",)
+    # Audio streams of one offer taken as legs (the rest are answered with port 0): a SIPREC recording
+    # session takes up to `max_streams`, a plain call one unless `multi_leg_calls`.
+    max_streams: int = 1
+    multi_leg_calls: bool = False
+    siprec: bool = False  # SIPREC recording sessions (RFC 7866) are taken
 
 
 # --- the table --------------------------------------------------------------------------------------
@@ -284,6 +304,7 @@ class Leg:
     stream_id: str
     plan: MediaPlan | None  # None until the answer to our offer (delayed offer)
     language: str
+    index: int = 0  # its m= line
     media: MediaPhase = MediaPhase.NONE
     asr: AsrPhase = AsrPhase.OPENING
     port: int | None = None
@@ -293,20 +314,26 @@ class Leg:
     stream_end: StreamEnded | None = None
     asr_failure: str = ""  # "timeout" when the stream did not end in time
     refused_error: str = ""  # why the stream refused audio (the engine's error, kept for call_end)
+    retired: bool = False  # a re-offer dropped its stream: it ended while the call goes on
 
 
 def assign_legs(
-    call_id: str, names: tuple[str, ...], negotiation: Negotiation | None, language: str
+    call_id: str,
+    negotiation: Negotiation | None,
+    metadata: RecordingMetadata | None,
+    language: str,
+    *,
+    recording: bool,
 ) -> list[Leg]:
-    """The call's legs: one per accepted audio stream, named in m= line order (a delayed offer: one per
-    name, on the streams of our offer). What names a leg (SIPREC metadata, a setting for two-leg calls)
-    is decided here and nowhere else. The first leg's ASR stream id is the call id; others add the name."""
-    plans: list[MediaPlan | None] = (
-        list(negotiation.accepted) if negotiation is not None else [None] * len(names)
-    )
+    """The call's legs: one per accepted audio stream, in m= line order (a delayed offer: one, `caller`,
+    on the stream of our offer), named by `gateway.siprec.recording.name_legs` and nowhere else. The
+    first leg's ASR stream id is the call id; others add the name."""
+    if negotiation is None:
+        return [Leg("caller", call_id, None, language)]
+    names = name_legs(negotiation.accepted, metadata, recording=recording)
     return [
-        Leg(name, call_id if i == 0 else f"{call_id}:{name}", plan, language)
-        for i, (name, plan) in enumerate(zip(names, plans, strict=False))
+        Leg(names[p.index], call_id if i == 0 else f"{call_id}:{names[p.index]}", p, language, index=p.index)
+        for i, p in enumerate(negotiation.accepted)
     ]
 
 
@@ -346,6 +373,8 @@ class CallCore:
         self._contact_host = ""
         self._answerer: SdpAnswerer | None = None
         self._negotiation: Negotiation | None = None  # None until a delayed offer is answered
+        self._kind: SessionKind = "plain"
+        self._recording: RecordingMetadata | None = None  # SIPREC: the metadata as it stands
         self._our_offer: str | None = None  # our offer in a 2xx, waiting for the ACK's answer
         self._last_sdp = b""
         self._deadline: float | None = None
@@ -369,6 +398,11 @@ class CallCore:
 
     def leg(self, name: str) -> Leg | None:
         return next((leg for leg in self.legs if leg.name == name), None)
+
+    @property
+    def live_legs(self) -> list[Leg]:
+        """The legs whose stream the call still carries (not dropped by a re-offer)."""
+        return [leg for leg in self.legs if not leg.retired]
 
     def next_deadline(self) -> float | None:
         return self._deadline if self.state in (CallState.RINGING, CallState.ENDING) else None
@@ -470,7 +504,7 @@ class CallCore:
                     self._publish("dtmf", leg, text=digit, start_ms=start_ms, end_ms=start_ms + duration_ms)
                 return None
             case MediaInactive():
-                return Input.RTP_TIMEOUT
+                return None if leg.retired else Input.RTP_TIMEOUT
             case AudioRefused(error=error):
                 self.log.warning("ASR stream of leg %s refused audio: %s", leg.name, error)
                 leg.refused_error = leg.refused_error or error
@@ -490,6 +524,8 @@ class CallCore:
                     self.log.warning("ASR stream of leg %s failed: %s", leg.name, ended.error)
                 if self.over:
                     return self._legs_done()
+                if leg.retired:
+                    return None  # its stream was dropped by a re-offer: its end is expected
                 # The engine ended the stream on its own (an error or its shutdown): the call cannot go on.
                 return Input.ERROR
         return None  # pragma: no cover - every input type is matched above
@@ -554,7 +590,7 @@ class CallCore:
                     self._raise(Input.ANSWER_DUE)
             case Action.ANSWER:
                 self._deadline = None
-                self._out.append(Answer(self._our_sdp(), self._contact_host))
+                self._out.append(Answer(self._our_sdp(), self._contact_host, self._kind == "recording"))
             case Action.TAKE_ANSWER:
                 if self._our_offer is not None and not self._take_answer():
                     # RFC 3261 §13.2.1 / §13.3.1.4: no usable answer to our offer: the session cannot go on.
@@ -596,46 +632,82 @@ class CallCore:
     def _offer(self, event: Offered) -> Input:
         req, cfg = event.request, self.config
         self._sip_call_id = req.call_id
-        negotiation: Negotiation | None = None
-        if req.body:
-            try:
-                negotiation = self._negotiate(req.body)
-            except SdpError as e:
-                self.log.info("SDP refused: %s", e)
-                self._rejection = (e.status_hint, str(e)[:200], "rejected_codec")
-                return Input.OFFER_REFUSED
-        self._negotiation = negotiation
+        try:
+            body = read_offer_body(req.headers.get("Content-Type"), req.body)
+            kind = self._session_kind(req, body)
+            if kind == "recording" and body.sdp is None:
+                raise BodyError("a SIPREC INVITE without an SDP offer (RFC 7866)")
+            negotiation = self._negotiate(body.sdp, kind=kind) if body.sdp is not None else None
+        except (BodyError, MetadataError, SdpError) as e:
+            status = e.status_hint if isinstance(e, SdpError) else e.status
+            self.log.info("offer refused (%d): %s", status, e)
+            self._rejection = (status, str(e)[:200], "rejected_codec")
+            return Input.OFFER_REFUSED
+        for warning in body.metadata.warnings if body.metadata is not None else ():
+            self.log.info("recording metadata: %s", warning)
+        self._negotiation, self._kind, self._recording = negotiation, kind, body.metadata
         language, source = choose_language(
             req, header=cfg.language_header, dnis_languages=cfg.dnis_languages, default=cfg.default_language
         )
-        self.legs = assign_legs(self.call_id, cfg.leg_names, negotiation, language)
+        self.legs = assign_legs(
+            self.call_id, negotiation, body.metadata, language, recording=kind == "recording"
+        )
+        if event.streams_free is not None and len(self.legs) > event.streams_free:
+            self.log.info("%d streams offered, room for %d", len(self.legs), event.streams_free)
+            self._rejection = (503, "Too Many Calls", "rejected_capacity")
+            return Input.OFFER_REFUSED
         first = self.legs[0].plan
         self._metadata = {
             **call_metadata(req, event.flow, cfg.metadata_headers),
             "model": cfg.model_name,
             "language_source": source,
             "codec": first.codec if first is not None else "",  # a delayed offer: known after the ACK
+            "legs": json.dumps([leg.name for leg in self.legs]),
+            **self._recording_fields(),
         }
         self._contact_host = advertised_address(*cfg.contact_hosts, event.local_ip)
         self._answerer = SdpAnswerer(advertised_address(*cfg.media_hosts, event.local_ip))
         return Input.OFFER_OK
 
-    def _negotiate(self, offer: bytes | str, answer: bytes | None = None) -> Negotiation:
+    def _session_kind(self, req: SipRequest, body: OfferBody) -> SessionKind:
+        if not self.config.siprec:
+            return "plain"
+        return session_kind(tokens_list(req.headers.get_all("Require")), req.headers.get_all("Contact"), body)
+
+    def _recording_fields(self) -> dict[str, str]:
+        """call_start/call_end fields of a SIPREC session: who takes part, and which legs are theirs."""
+        if self._kind != "recording":
+            return {}
+        out = {"recording": "siprec", "participants": "[]", "cs_call_id": ""}
+        if self._recording is not None:
+            legs = {leg.index: leg.name for leg in self.legs}
+            plans = [leg.plan for leg in self.legs if leg.plan is not None]
+            out["participants"] = participants_field(self._recording, legs, plans)
+            out["cs_call_id"] = self._recording.cs_call_id
+        return out
+
+    def _negotiate(
+        self, offer: bytes | str, answer: bytes | None = None, *, kind: SessionKind | None = None
+    ) -> Negotiation:
         """RFC 3264 for the streams a call may take: their offer (or, with `answer`, our offer and
         their answer). Raises SdpError (400 malformed, 488 nothing acceptable)."""
         cfg = self.config
+        kind = kind or self._kind
         if answer is None:
             return negotiate(
                 parse_sdp(offer),
                 codecs=cfg.codecs,
-                max_streams=len(cfg.leg_names),
+                max_streams=stream_limit(
+                    kind, max_streams=cfg.max_streams, multi_leg_calls=cfg.multi_leg_calls
+                ),
                 default_ptime_ms=cfg.ptime_ms,
+                recording=kind == "recording",
             )
         return negotiate_answer(
             parse_sdp(offer),
             parse_sdp(answer),
             codecs=cfg.codecs,
-            max_streams=len(cfg.leg_names),
+            max_streams=len(self.legs),
             default_ptime_ms=cfg.ptime_ms,
         )
 
@@ -647,10 +719,12 @@ class CallCore:
     def _our_sdp(self) -> bytes:
         """Our answer to their offer, or (no offer yet: §13.2.1 delayed offer) our offer."""
         assert self._answerer is not None
-        ports = [leg.port or 0 for leg in self.legs]
         if self._negotiation is not None:
+            at = {leg.index: leg for leg in self.live_legs}
+            ports = [at[p.index].port or 0 for p in self._negotiation.accepted]
             sdp = self._answerer.answer(self._negotiation, ports)
         else:
+            ports = [leg.port or 0 for leg in self.legs]
             sdp = self._answerer.offer(ports, codecs=self.config.codecs, ptime_ms=self.config.ptime_ms)
             self._our_offer = sdp
         self._last_sdp = sdp.encode()
@@ -671,29 +745,63 @@ class CallCore:
         return True
 
     def _reoffer(self) -> None:
-        """RFC 3264 §8: a re-offer updates every leg's media, or is refused and changes nothing; an
-        offerless re-INVITE (a session refresh) gets our current SDP as the offer, the ACK answers."""
+        """RFC 3264 §8: a re-offer updates the legs' media (and a SIPREC session's metadata), or is
+        refused and changes nothing (RFC 3261 §14.2). An offerless re-INVITE (a session refresh, or one
+        that only carries new recording metadata) gets our current SDP as the offer; the ACK answers."""
         request, self._request = self._request, None
         assert request is not None
-        if not request.body:
+        try:
+            body = read_offer_body(request.headers.get("Content-Type"), request.body)
+            negotiation = self._renegotiate(body.sdp) if body.sdp is not None else None
+        except (BodyError, MetadataError, SdpError) as e:
+            status = e.status_hint if isinstance(e, SdpError) else e.status
+            self._out.append(RejectReoffer(status, str(e)[:200]))
+            return
+        if body.metadata is not None:
+            self._recording = merge(self._recording, body.metadata)
+            for warning in self._recording.warnings:
+                self.log.info("recording metadata: %s", warning)
+        if negotiation is None:
             self._our_offer = self._last_sdp.decode()
             self._out.append(AnswerReoffer(self._last_sdp, self._contact_host))
-            return
-        try:
-            negotiation = self._negotiate(request.body)
-            if len(negotiation.accepted) < len(self.legs):
-                raise SdpError(f"the offer keeps {len(negotiation.accepted)} of {len(self.legs)} streams")
-        except SdpError as e:
-            self._out.append(RejectReoffer(e.status_hint, str(e)[:200]))
             return
         self._apply(negotiation)
         self._out.append(AnswerReoffer(self._our_sdp(), self._contact_host))
 
+    def _renegotiate(self, sdp: bytes) -> Negotiation:
+        """A re-offer's negotiation, kept to the streams the call carries: a stream it adds is answered
+        with port 0 (a new leg would need its port before the answer), a stream it drops ends its leg."""
+        negotiation = self._negotiate(sdp)
+        live = {leg.index for leg in self.live_legs}
+        plans = tuple(p if p is not None and p.index in live else None for p in negotiation.plans)
+        reasons = tuple(
+            r if p is None or p.index in live else "a stream added mid-call is not taken"
+            for p, r in zip(negotiation.plans, negotiation.reasons, strict=True)
+        )
+        if not any(plans):
+            raise SdpError("the re-offer keeps none of the call's streams")
+        return replace(negotiation, plans=plans, reasons=reasons)
+
     def _apply(self, negotiation: Negotiation) -> None:
         self._negotiation = negotiation
-        for leg, plan in zip(self.legs, negotiation.accepted, strict=False):
+        by_index = {p.index: p for p in negotiation.accepted}
+        for leg in self.live_legs:
+            plan = by_index.get(leg.index)
+            if plan is None:
+                self._retire(leg)
+                continue
             leg.plan = plan
             self._out.append(UpdateMedia(leg.name, plan))
+
+    def _retire(self, leg: Leg) -> None:
+        """The re-offer dropped the leg's stream: its media closes, its stream finishes (its last
+        finals are published); the call goes on, and call_end still reports the leg."""
+        self.log.info("leg %s: stream dropped by a re-offer", leg.name)
+        leg.retired = True
+        if leg.media is MediaPhase.OPEN:
+            self._close_media(leg)
+        elif leg.media is MediaPhase.NONE:
+            leg.media = MediaPhase.CLOSED
 
     # --- ending ---
 
@@ -725,8 +833,10 @@ class CallCore:
         if len(per_leg) == 1:
             out.update({k: v for k, v in per_leg[0].items() if k not in out})
         else:
-            for leg, fields in zip(self.legs, per_leg, strict=True):
-                out.update({f"{leg.name}_{k}": v for k, v in fields.items()})
+            out.update({k: v for k, v in _combined(per_leg).items() if k not in out})
+            out["legs"] = json.dumps({leg.name: f for leg, f in zip(self.legs, per_leg, strict=True)})
+        out.update(self._recording_fields())
+        out.pop("cs_call_id", None)  # call_start has it
         self.log.debug("call ended: %s", reason)
         return out
 
@@ -746,6 +856,44 @@ class CallCore:
                 )
             )
         )
+
+
+# call_end fields that add up over a call's legs; of the rest the first leg's value is kept, except
+# the jitter (the worst leg's) and the ASR outcome (the first leg's that did not finish).
+_SUMMED = ("audio_ms", "dtmf_events", "asr_dropped_chunks", "rtp_packets", "rtp_bytes", "rtp_lost",
+           "rtp_late", "rtp_duplicate", "rtp_invalid", "rtp_ssrc_changes", "rtp_dtmf_events",
+           "rtp_audio_ms", "rtp_concealed_ms")  # fmt: skip
+
+
+def _combined(per_leg: list[dict[str, str]]) -> dict[str, str]:
+    """The flat call_end fields of a call with several legs (each leg's own are in `legs`)."""
+    out: dict[str, str] = {}
+    for fields in per_leg:
+        for key, value in fields.items():
+            out.setdefault(key, value)
+    for key in _SUMMED:
+        values = [f[key] for f in per_leg if f.get(key, "").isdigit()]
+        if values:
+            out[key] = str(sum(int(v) for v in values))
+    jitters = [
+        (float(f["rtp_jitter_ms"]), f["rtp_jitter_ms"])
+        for f in per_leg
+        if _is_number(f.get("rtp_jitter_ms", ""))
+    ]
+    if jitters:
+        out["rtp_jitter_ms"] = max(jitters)[1]
+    failed = [f["asr"] for f in per_leg if f.get("asr", "finished") != "finished"]
+    if failed:
+        out["asr"] = failed[0]
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _leg_fields(leg: Leg) -> dict[str, str]:

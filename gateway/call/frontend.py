@@ -21,7 +21,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from gateway import metrics
@@ -126,6 +126,9 @@ class FrontEndConfig:
                 model_name=model_name,
                 contact_hosts=(sip.advertised_host, sip.host),
                 media_hosts=(rtp.advertised_host, sip.advertised_host, rtp.host),
+                max_streams=rtp.max_streams,
+                multi_leg_calls=rtp.multi_leg_calls,
+                siprec=sip.siprec,
             ),
         )
 
@@ -156,6 +159,7 @@ class _Call:
     core: CallCore
     timer: asyncio.TimerHandle | None = None
     timer_at: float | None = None
+    streams: int = 1  # its legs, as the SIP core and ttg_active_streams last heard
 
 
 class TelephonyFrontEnd:
@@ -180,6 +184,7 @@ class TelephonyFrontEnd:
                 timers=config.timers,
                 admission=config.admission,
                 digest=config.digest,
+                siprec=config.call.siprec,
             )
         )
         self.sip = SipEndpoint(
@@ -213,6 +218,11 @@ class TelephonyFrontEnd:
     @property
     def active_calls(self) -> int:
         return len(self._calls)
+
+    @property
+    def active_streams(self) -> int:
+        """Audio streams (legs) of the calls in progress: what TTG_SIP__MAX_CALLS counts."""
+        return sum(call.streams for call in self._calls.values())
 
     def stop_admitting(self) -> None:
         """New INVITEs get 503 + Retry-After from now on; calls in progress go on."""
@@ -252,11 +262,15 @@ class TelephonyFrontEnd:
             logger.debug("call %s: %s", event.call_ref, event)
             return
         if isinstance(inp, Offered):
+            # Capacity counts streams: this call holds one place so far (the SIP core admitted it).
+            free = self.config.admission.max_calls - self.agent.active_streams + 1
+            inp = replace(inp, streams_free=max(0, free))
             self._calls[event.call_ref] = _Call(
                 event.call_ref, CallCore(event.call_ref, self.config.call, now=self.sip.now())
             )
             self._idle.clear()
             metrics.ACTIVE_CALLS.set(len(self._calls))
+            metrics.ACTIVE_STREAMS.set(self.active_streams)
         self._feed(event.call_ref, inp)
 
     def leg_event(self, call_id: str, event: LegInput) -> None:
@@ -295,6 +309,11 @@ class TelephonyFrontEnd:
         if call.core.finished:
             self._forget(call)
         else:
+            streams = max(1, len(call.core.live_legs))
+            if streams != call.streams:  # an offer or re-offer decided the call's legs
+                call.streams = streams
+                self.agent.set_streams(ref, streams)
+                metrics.ACTIVE_STREAMS.set(self.active_streams)
             self._rearm(call)
 
     def _fail(self, call: _Call, inp: CallInput | None) -> None:
@@ -319,8 +338,8 @@ class TelephonyFrontEnd:
                     logger.exception("call %s: publishing %s failed", ref, event.type)
             case Ring():
                 self.sip.ring(ref)
-            case Answer(sdp=sdp, contact_host=host):
-                self.sip.answer(ref, sdp, contact_host=host)
+            case Answer(sdp=sdp, contact_host=host, recording=recording):
+                self.sip.answer(ref, sdp, contact_host=host, recording=recording)
             case Reject(status=status, warning=warning, result=result):
                 self.sip.reject(ref, status, warning=warning, result=result)
             case AnswerReoffer(sdp=sdp, contact_host=host):
@@ -354,5 +373,6 @@ class TelephonyFrontEnd:
         self.legs.discard(call.ref)
         if self._calls.pop(call.ref, None) is not None:
             metrics.ACTIVE_CALLS.set(len(self._calls))
+            metrics.ACTIVE_STREAMS.set(self.active_streams)
         if not self._calls:
             self._idle.set()

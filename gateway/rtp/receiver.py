@@ -61,6 +61,11 @@ def media_config(rtp: RtpSettings) -> MediaConfig:
     )
 
 
+# Datagrams read from a socket at close, at most (60 s of 20 ms packets), and their largest size.
+MAX_PENDING_AT_CLOSE = 3000
+MAX_DATAGRAM = 65535
+
+
 class _Protocol(asyncio.DatagramProtocol):
     __slots__ = ("_media", "_rtcp")
 
@@ -140,7 +145,7 @@ class MediaManager:
             rtcp_sock.close()
             self.pool.release(port, loop.time())
             raise
-        media._attach(rtp_tr, rtcp_tr)
+        media._attach(rtp_tr, rtcp_tr, (rtp_sock, rtcp_sock))
         self._open.add(media)
         metrics.RTP_STREAMS.inc()
         return media
@@ -199,6 +204,7 @@ class CallMedia:
         self._loop = loop
         self._core = MediaCore(plan, manager.config, loop.time())
         self._transports: list[asyncio.DatagramTransport] = []
+        self._sockets: tuple[socket.socket, ...] = ()  # (RTP, RTCP): read dry at close
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._metrics_at = loop.time() + METRICS_PERIOD_S
@@ -229,6 +235,7 @@ class CallMedia:
         """Flush the last audio, DTMF and resampler tail into the sink; free the ports. Idempotent."""
         if self._final is not None:
             return self._final
+        self._read_pending()
         now = self._loop.time()
         events = self._core.close(now)
         if self._timer is not None:
@@ -254,9 +261,27 @@ class CallMedia:
 
     # --- adapter internals -----------------------------------------------------------------------
 
-    def _attach(self, rtp: asyncio.DatagramTransport, rtcp: asyncio.DatagramTransport) -> None:
+    def _attach(
+        self,
+        rtp: asyncio.DatagramTransport,
+        rtcp: asyncio.DatagramTransport,
+        sockets: tuple[socket.socket, socket.socket],
+    ) -> None:
         self._transports = [rtp, rtcp]
+        self._sockets = sockets
         self._schedule()
+
+    def _read_pending(self) -> None:
+        """Take what the kernel holds for the sockets before closing them: the event loop may handle
+        the BYE before the datagrams that arrived ahead of it (it serves ready sockets in any order),
+        and closing would throw the call's last packets away. Bounded: a flood cannot hold the close."""
+        for sock, rtcp in zip(self._sockets, (False, True), strict=False):
+            for _ in range(MAX_PENDING_AT_CLOSE):
+                try:
+                    data, addr = sock.recvfrom(MAX_DATAGRAM)
+                except OSError:  # BlockingIOError: nothing left; or the socket is gone
+                    break
+                self._datagram(data, addr, rtcp)
 
     def _datagram(self, data: bytes, addr: Any, rtcp: bool) -> None:
         if self._final is not None:

@@ -218,8 +218,12 @@ class SipEndpoint:
     def ring(self, call_ref: str) -> None:
         self.execute(self.agent.ring(call_ref, self.now()))
 
-    def answer(self, call_ref: str, sdp: bytes, *, contact_host: str | None = None) -> None:
-        self.execute(self.agent.answer(call_ref, sdp, self.now(), contact_host=contact_host))
+    def answer(
+        self, call_ref: str, sdp: bytes, *, contact_host: str | None = None, recording: bool = False
+    ) -> None:
+        self.execute(
+            self.agent.answer(call_ref, sdp, self.now(), contact_host=contact_host, recording=recording)
+        )
 
     def reject(
         self, call_ref: str, status: int, *, warning: str | None = None, result: str = "failed"

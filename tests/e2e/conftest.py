@@ -36,6 +36,8 @@ import soxr
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.audio import g711
+from gateway.audio.pipeline import AudioBlock, AudioPipeline
+from gateway.config import RtpSettings
 from tests.fixtures.telephony import SippResult, run_sipp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -316,6 +318,20 @@ def two_sentences(tmp_path_factory: pytest.TempPathFactory) -> Speech:
 @pytest.fixture(scope="session")
 def short_speech(tmp_path_factory: pytest.TempPathFactory) -> Speech:
     return make_speech(tmp_path_factory.mktemp("speech"), "short", ["One two three four five."])
+
+
+def gateway_pcm(codes: bytes, codec: str = "PCMU", packet: int = 160) -> np.ndarray:
+    """The 16 kHz audio the gateway hands to the engine for these G.711 packets, in order, no loss:
+    its own pipeline fed packet by packet (soxr's output depends on the segment lengths it is run
+    over at the level of float rounding, so only the same path gives the same floats)."""
+    rtp = RtpSettings()
+    pipeline = AudioPipeline(codec, rtp.block_ms, rtp.resample_quality)
+    blocks: list[AudioBlock] = []
+    for i in range(0, len(codes), packet):
+        pipeline.append_codes(codes[i : i + packet], blocks)
+    pipeline.finish(blocks)
+    assert [b.start_ms for b in blocks] == [k * rtp.block_ms for k in range(len(blocks))]
+    return np.concatenate([b.pcm for b in blocks])
 
 
 # --- sipp ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.replay.config import Impairments, LanguageMix, LoadConfig, MediaConfig, ReplayConfig
+from tools.replay.siprec import VENDORS
 
 
 def _hostport(text: str) -> tuple[str, int]:
@@ -89,6 +90,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--lang-header", default="X-Language", help="header that carries the call language ('' = none)"
+    )
+    g.add_argument(
+        "--siprec",
+        nargs="?",
+        const="all",
+        default="",
+        choices=("all", *VENDORS),
+        metavar="VENDOR",
+        help="place SIPREC recording sessions (two legs, different speech on each) shaped like this SRC's "
+        f"offers ({', '.join(VENDORS)}); no VENDOR: call n takes the n-th shape",
+    )
+    g.add_argument(
+        "--leg-offset-ms", type=int, default=1500, help="SIPREC: each further leg starts speaking this later"
     )
 
     g = p.add_argument_group("audio")
@@ -170,6 +184,8 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
         headers=tuple(args.header),
         lang=args.lang,
         lang_header=args.lang_header,
+        siprec=args.siprec,
+        leg_offset_ms=args.leg_offset_ms,
         audio_dir=args.audio if args.audio else (out / "audio" if args.generate else None),
         generate=args.generate,
         media=MediaConfig(

@@ -469,28 +469,65 @@ def test_the_finish_timer_starts_at_the_hang_up() -> None:
 TWO_STREAMS = SDP_OFFER + "".join(SDP_OFFER.partition("m=audio 6000")[1:]).replace(
     "m=audio 6000", "m=audio 6002"
 )
+# A SIPREC recording session (RFC 7866): both parties' streams, labelled, and who sends which.
+LABELLED = (
+    "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+    "m=audio 6000 RTP/AVP 0\r\na=label:L1\r\na=sendonly\r\n"
+    "m=audio 6002 RTP/AVP 0\r\na=label:L2\r\na=sendonly\r\n"
+)
+METADATA = """<?xml version="1.0" encoding="UTF-8"?>
+<recording xmlns="urn:ietf:params:xml:ns:recording:1">
+<datamode>complete</datamode>
+<participant participant_id="cust"><nameID aor="sip:+15550100@pbx"><name>Cust</name></nameID></participant>
+<participant participant_id="agent"><nameID aor="sip:7001@pbx"><name>Agent</name></nameID></participant>
+<stream stream_id="s1"><label>L1</label></stream>
+<stream stream_id="s2"><label>L2</label></stream>
+<participantstreamassoc participant_id="cust"><send>s1</send></participantstreamassoc>
+<participantstreamassoc participant_id="agent"><send>s2</send></participantstreamassoc>
+<ext xmlns="urn:example"><callingParty participant_id="cust"/></ext>
+</recording>"""
+SRC = ("Require: siprec", "Contact: <sip:src@127.0.0.1:5070>;+sip.src")
 
 
-def test_a_call_of_two_legs_opens_answers_and_ends_them_together() -> None:
-    callee_final = Transcript("callee", TranscriptEvent(CALL, "final", 0, "hi", 0, 320))
-    d = Driver.new(leg_names=("caller", "callee"))
+def siprec_body(sdp: str, metadata: str = METADATA) -> str:
+    return (
+        f"--B\r\nContent-Type: application/sdp\r\n\r\n{sdp}\r\n"
+        "--B\r\nContent-Type: application/rs-metadata+xml\r\nContent-Disposition: recording-session\r\n\r\n"
+        f"{metadata}\r\n--B--\r\n"
+    )
+
+
+def recording(sdp: str = "", metadata: str = METADATA, streams_free: int | None = None) -> Offered:
+    body = siprec_body(sdp or LABELLED, metadata)
+    data = invite(extra=SRC, content_type="multipart/mixed;boundary=B", body=body)
+    return Offered(sip(data), UDP, "127.0.0.1", streams_free)
+
+
+CALLEE_FINAL = Transcript("callee", TranscriptEvent(CALL, "final", 0, "hi", 0, 320))
+RECORDING_SETUP: list[Step] = [
+    (recording(), ["OpenAsr caller en-US", "OpenAsr callee en-US"]),
+    (ASR_OK, []),  # call_start waits for every leg's stream
+    (AsrOpened("callee"), ["Publish call_start", "OpenMedia caller PCMU", "OpenMedia callee PCMU"]),
+    (PORT, []),  # the answer waits for every leg's port
+    (MediaOpened("callee", 20002), ["Answer"]),
+    (ACK, []),
+]
+
+
+def test_a_recording_session_has_a_leg_per_party_named_by_its_metadata() -> None:
+    d = Driver.new(max_streams=2, siprec=True)
     d.run(
         [
-            (
-                Offered(sip(invite(body=TWO_STREAMS)), UDP, "127.0.0.1"),
-                ["OpenAsr caller en-US", "OpenAsr callee en-US"],
-            ),
-            (ASR_OK, []),  # call_start waits for every leg's stream
-            (AsrOpened("callee"), ["Publish call_start", "OpenMedia caller PCMU", "OpenMedia callee PCMU"]),
-            (PORT, []),  # the answer waits for every leg's port
-            (MediaOpened("callee", 20002), ["Answer"]),
-            (ACK, []),
-            (callee_final, ["Publish final"]),
+            *RECORDING_SETUP,
+            (CALLEE_FINAL, ["Publish final"]),
             (BYE, ["CloseMedia caller", "CloseMedia callee"]),
             (CLOSED, ["FinishAsr caller"]),
             (FINISHED, []),  # call_end waits for the other leg
             (MediaClosed("callee", {"rtp_packets": "9"}, 500), ["FinishAsr callee"]),
-            (AsrEnded("callee", StreamEnded(f"{CALL}:callee", "finished")), ["Publish call_end bye asr=-"]),
+            (
+                AsrEnded("callee", StreamEnded(f"{CALL}:callee", "finished")),
+                ["Publish call_end bye asr=finished"],
+            ),
         ]
     )
     assert [(e.leg, e.stream_id) for e in d.sent(OpenAsr) if isinstance(e, OpenAsr)] == [
@@ -498,12 +535,20 @@ def test_a_call_of_two_legs_opens_answers_and_ends_them_together() -> None:
         ("callee", f"{CALL}:callee"),
     ]
     (answer,) = d.sent(Answer)
-    assert isinstance(answer, Answer)
+    assert isinstance(answer, Answer) and answer.recording
     assert b"m=audio 20000 " in answer.sdp and b"m=audio 20002 " in answer.sdp  # each stream, its port
+    assert b"a=label:L1" in answer.sdp and b"a=label:L2" in answer.sdp
+    assert answer.sdp.count(b"a=recvonly") == 2  # sendonly is how an SRC sends: not hold
     start, final, end = d.published
     assert final.leg == "callee" and start.leg == end.leg == "caller"
-    assert (end.extra["caller_rtp_packets"], end.extra["callee_rtp_packets"]) == ("50", "9")
-    assert (end.extra["caller_audio_ms"], end.extra["callee_audio_ms"]) == ("1000", "500")
+    assert json.loads(start.extra["legs"]) == ["caller", "callee"] and start.extra["recording"] == "siprec"
+    who = {p["id"]: (p["name"], p["role"], p["legs"]) for p in json.loads(start.extra["participants"])}
+    assert who == {"cust": ("Cust", "caller", ["caller"]), "agent": ("Agent", "callee", ["callee"])}
+    legs = json.loads(end.extra["legs"])
+    assert (legs["caller"]["rtp_packets"], legs["callee"]["rtp_packets"]) == ("50", "9")
+    assert (legs["caller"]["audio_ms"], legs["callee"]["audio_ms"]) == ("1000", "500")
+    assert (end.extra["rtp_packets"], end.extra["audio_ms"]) == ("59", "1500")  # sums over the legs
+    assert json.loads(end.extra["participants"]) == json.loads(start.extra["participants"])
 
 
 def test_a_trunk_call_takes_only_the_first_of_two_audio_streams() -> None:
@@ -512,3 +557,177 @@ def test_a_trunk_call_takes_only_the_first_of_two_audio_streams() -> None:
     d.run([(ASR_OK, ["Publish call_start", "OpenMedia caller PCMU"]), (PORT, ["Answer"])])
     (answer,) = d.sent(Answer)
     assert isinstance(answer, Answer) and b"m=audio 0 " in answer.sdp  # the second one refused
+
+
+def rs_reinvite(body: str, content_type: str = "multipart/mixed;boundary=B", cseq: int = 2) -> Reoffered:
+    return Reoffered(sip(request("INVITE", to_tag="gw", cseq=cseq, body=body, content_type=content_type)))
+
+
+END_BOTH: list[Step] = [
+    (BYE, ["CloseMedia caller", "CloseMedia callee"]),
+    (CLOSED, ["FinishAsr caller"]),
+    (FINISHED, []),
+    (MediaClosed("callee", {"rtp_packets": "9"}, 500), ["FinishAsr callee"]),
+    (CALLEE_FINAL, ["Publish final"]),
+    (AsrEnded("callee", StreamEnded(f"{CALL}:callee", "finished")), ["Publish call_end bye asr=finished"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("offer", "status"),
+    [
+        (
+            Offered(
+                sip(invite(extra=SRC, content_type="multipart/mixed", body=siprec_body(LABELLED))), UDP, "h"
+            ),
+            400,
+        ),
+        (recording(metadata="<recording><participant></recording>"), 400),
+        (recording(metadata='<!DOCTYPE r [<!ENTITY a "aaaa">]><recording>&a;</recording>'), 400),
+        (
+            Offered(
+                sip(invite(extra=SRC, content_type="application/rs-metadata+xml", body=METADATA)), UDP, "h"
+            ),
+            400,
+        ),
+        (recording(streams_free=1), 503),  # two legs, room for one: capacity counts streams
+    ],
+    ids=["no boundary", "bad XML", "entities", "no SDP", "no room"],
+)
+def test_a_recording_offer_that_cannot_be_taken_is_refused_before_anything_opens(
+    offer: Offered, status: int
+) -> None:
+    d = Driver.new(max_streams=2, siprec=True)
+    d.run([(offer, [f"Reject {status}"])])
+    assert d.core.finished and d.published == []
+
+
+def test_metadata_naming_unknown_streams_leaves_legs_named_by_label() -> None:
+    ghost = METADATA.replace("<send>s2</send>", "<send>s9</send>").replace(
+        "<label>L1</label>", "<label>X</label>"
+    )
+    d = Driver.new(max_streams=2, siprec=True)
+    d.run([(recording(metadata=ghost), ["OpenAsr stream-L1 en-US", "OpenAsr stream-L2 en-US"])])
+
+
+def test_a_single_stream_recording_is_one_mixed_leg() -> None:
+    mixed = LABELLED.split("m=audio 6002")[0]
+    d = Driver.new(max_streams=2, siprec=True)
+    # One stream and nobody said to send it alone (Metaswitch sends such sessions): both sides, mixed.
+    unassociated = "".join(line + "\n" for line in METADATA.splitlines() if "streamassoc" not in line)
+    d.run([(recording(mixed, metadata=unassociated), ["OpenAsr mixed en-US"])])
+
+
+def test_a_metadata_only_reinvite_is_applied_and_answered_with_our_sdp() -> None:
+    d = Driver.new(max_streams=2, siprec=True)
+    d.run(RECORDING_SETUP)
+    update = METADATA.replace("<datamode>complete</datamode>", "<datamode>partial</datamode>").replace(
+        "<name>Agent</name>", "<name>Agent Smith</name>"
+    )
+    d.run([(rs_reinvite(update, "application/rs-metadata+xml"), ["AnswerReoffer"]), (ReofferAcked(), [])])
+    (first, again) = d.sent(AnswerReoffer) and [*d.sent(Answer), *d.sent(AnswerReoffer)]  # type: ignore[misc]
+    assert isinstance(first, Answer) and isinstance(again, AnswerReoffer) and again.sdp == first.sdp
+    d.run(END_BOTH)
+    end = d.published[-1]
+    names = {p["id"]: p["name"] for p in json.loads(end.extra["participants"])}
+    assert names == {"cust": "Cust", "agent": "Agent Smith"}
+
+
+def test_a_bad_reinvite_changes_nothing_and_both_legs_still_end_with_their_finals() -> None:
+    d = Driver.new(max_streams=2, siprec=True)
+    d.run(RECORDING_SETUP)
+    d.run(
+        [
+            (rs_reinvite(siprec_body(LABELLED, "<recording><oops")), ["RejectReoffer 400"]),
+            (rs_reinvite("no delimiter at all"), ["RejectReoffer 400"]),
+            (
+                rs_reinvite(
+                    LABELLED.replace("m=audio 6000", "m=audio 0").replace("m=audio 6002", "m=audio 0"),
+                    "application/sdp",
+                ),
+                ["RejectReoffer 488"],
+            ),
+            *END_BOTH,
+        ]
+    )
+    assert [e.leg for e in d.published if e.type == "final"] == ["callee"]
+
+
+def test_a_refresh_reinvite_with_the_same_offer_gives_the_same_answer() -> None:
+    d = Driver.new(max_streams=2, siprec=True)
+    d.run(RECORDING_SETUP)
+    d.run(
+        [
+            (
+                rs_reinvite(siprec_body(LABELLED)),
+                [
+                    "UpdateMedia caller PCMU 127.0.0.1:6000",
+                    "UpdateMedia callee PCMU 127.0.0.1:6002",
+                    "AnswerReoffer",
+                ],
+            )
+        ]
+    )
+    (answer,) = d.sent(Answer)
+    (again,) = d.sent(AnswerReoffer)
+    assert isinstance(answer, Answer) and isinstance(again, AnswerReoffer) and again.sdp == answer.sdp
+
+
+def test_a_reoffer_that_drops_a_stream_ends_that_leg_alone_and_one_that_adds_a_stream_is_refused_it() -> None:
+    d = Driver.new(max_streams=3, siprec=True)
+    d.run(RECORDING_SETUP)
+    dropped = LABELLED.replace("o=- 1 1", "o=- 1 2").replace("m=audio 6002", "m=audio 0")
+    d.run(
+        [
+            (
+                rs_reinvite(siprec_body(dropped)),
+                ["UpdateMedia caller PCMU 127.0.0.1:6000", "CloseMedia callee", "AnswerReoffer"],
+            ),
+            (MediaClosed("callee", {"rtp_packets": "9"}, 500), ["FinishAsr callee"]),
+            (CALLEE_FINAL, ["Publish final"]),  # its last finals still come
+            (AsrEnded("callee", StreamEnded(f"{CALL}:callee", "finished")), []),  # the call goes on
+            (MediaInactive("callee"), []),
+        ]
+    )
+    (answer,) = d.sent(AnswerReoffer)
+    assert (
+        isinstance(answer, AnswerReoffer) and b"m=audio 0 " in answer.sdp and b"m=audio 20000 " in answer.sdp
+    )
+    added = dropped.replace("o=- 1 2", "o=- 1 3") + "m=audio 6004 RTP/AVP 0\r\na=label:L3\r\na=sendonly\r\n"
+    d.run(
+        [
+            (
+                rs_reinvite(siprec_body(added), cseq=3),
+                ["UpdateMedia caller PCMU 127.0.0.1:6000", "AnswerReoffer"],
+            )
+        ]
+    )
+    third = d.sent(AnswerReoffer)[-1]
+    assert isinstance(third, AnswerReoffer) and third.sdp.count(b"m=audio 0 ") == 2
+    d.run(
+        [
+            (BYE, ["CloseMedia caller"]),
+            (CLOSED, ["FinishAsr caller"]),
+            (FINISHED, ["Publish call_end bye asr=finished"]),
+        ]
+    )
+    legs = json.loads(d.published[-1].extra["legs"])
+    assert sorted(legs) == ["callee", "caller"] and legs["callee"]["rtp_packets"] == "9"
+
+
+def test_a_plain_offer_of_two_streams_is_two_legs_when_multi_leg_calls_are_on() -> None:
+    d = Driver.new(max_streams=2, multi_leg_calls=True)
+    d.run(
+        [
+            (
+                Offered(sip(invite(body=TWO_STREAMS)), UDP, "h"),
+                ["OpenAsr stream-1 en-US", "OpenAsr stream-2 en-US"],
+            )
+        ]
+    )
+    assert [leg.name for leg in d.core.live_legs] == ["stream-1", "stream-2"]
+
+
+def test_siprec_off_takes_a_recording_offer_as_a_plain_call_of_one_leg() -> None:
+    d = Driver.new(max_streams=2)  # the SIP core refuses Require: siprec then; metadata alone is no reason
+    d.run([(recording(), ["OpenAsr caller en-US"])])

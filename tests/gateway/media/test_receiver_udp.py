@@ -174,6 +174,23 @@ async def test_a_failing_sink_does_not_stop_the_media() -> None:
     ]  # block 0 was lost in the sink
 
 
+async def test_packets_that_arrived_before_the_close_are_not_lost_with_the_socket() -> None:
+    # A BYE handled before the last packets were read (the loop serves ready sockets in any order):
+    # closing reads what the kernel holds first, so the call's last audio is in its stats and stream.
+    sender = RtpSender("PCMU", ssrc=9, seq=100, timestamp=0).audio(speech_like(2400, 3))
+    sink = RecordingSink()
+    media = await manager().open(PLAN, sink)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for p in sender.packets:  # no await: the receiver has no chance to read any of them
+            tx.sendto(p.data, ("127.0.0.1", media.port))
+        stats = media.close()
+    finally:
+        tx.close()
+    assert stats.packets_received == len(sender.packets) and stats.lost == 0
+    assert sum(len(pcm) for _, pcm in sink.blocks) >= 2 * 2400  # the whole 8 kHz clip, at 16 kHz
+
+
 async def test_inactivity_reaches_the_sink_once() -> None:
     sink = RecordingSink()
     media = await manager(replace(CONFIG, inactivity_timeout_s=0.2)).open(PLAN, sink)

@@ -183,7 +183,15 @@ class _ScriptedAgent(UserAgent):
     """The real core, except that answering also reports the call released at once: an action whose
     effects include a call event, as hangup/timer paths can."""
 
-    def answer(self, call_ref: str, sdp: bytes, now: float, *, contact_host: str | None = None) -> list[Any]:
+    def answer(
+        self,
+        call_ref: str,
+        sdp: bytes,
+        now: float,
+        *,
+        contact_host: str | None = None,
+        recording: bool = False,
+    ) -> list[Any]:
         return [*super().answer(call_ref, sdp, now, contact_host=contact_host), CallReleased(call_ref, 200)]
 
 
