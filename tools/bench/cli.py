@@ -19,6 +19,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "media": ("tools.bench.media", "media receive path: per packet, per block, real UDP intake"),
     "sip": ("tools.bench.sip", "SIP parser/core cost and sipp call setup rate against the front end"),
     "sink": ("tools.bench.sink", "Redis sink throughput, publish() cost, spool write and replay"),
+    "speechlike": (
+        "tools.bench.speechlike",
+        "tokens/s in speech and in pauses, finals at pauses (espeak-ng)",
+    ),
 }
 
 
