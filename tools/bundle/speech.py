@@ -146,8 +146,8 @@ def frame_labels(
     return labels
 
 
-# Calibration speech: call-centre sentences that `ttg replay --generate` does not use, in voices that
-# the held-out check (`ttg bench speechlike`, the replay's own sentences) does not use.
+# Calibration speech: call-centre sentences and voices that the held-out check (`ttg bench speechlike`)
+# does not use, nor `ttg replay --generate`.
 CALIBRATION_SENTENCES: dict[str, tuple[str, ...]] = {
     "en": (
         "Good morning, this is the billing department, how can I help you today?",
