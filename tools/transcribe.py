@@ -115,15 +115,19 @@ def transcribe(
     files: list[Path],
     audios: list[np.ndarray],
     *,
-    language: str,
+    language: str | list[str],
     lookahead: int | None,
     decoder_mode: str | None = None,
     on_event: Any = None,
     vad: str | None = None,
+    endpoint: Any = None,
 ) -> list[list[Any]]:
-    """Run the files as concurrent streams; returns each file's events (StreamEnded last)."""
+    """Run the files as concurrent streams; returns each file's events (StreamEnded last).
+
+    `language`: one for all files or one per file; `endpoint`: an `EndpointConfig` (default: the
+    engine's)."""
     from asr_core.api import StreamEnded, StreamOptions
-    from asr_core.config import DecoderConfig, EngineConfig, SchedulerConfig
+    from asr_core.config import DecoderConfig, EndpointConfig, EngineConfig, SchedulerConfig
     from asr_core.engine import AsrEngine
     from asr_core.vad import VadConfig
 
@@ -133,7 +137,9 @@ def transcribe(
         scheduler=SchedulerConfig(max_queued_chunks=4 * BACKLOG_LIMIT),
         decoder=decoder,
         vad=VadConfig() if vad is None else VadConfig(kind=vad),  # type: ignore[arg-type]
+        endpoint=EndpointConfig() if endpoint is None else endpoint,
     )
+    languages = [language] * len(files) if isinstance(language, str) else list(language)
     jobs = [_FileStream(p, a) for p, a in zip(files, audios, strict=True)]
 
     def callback(job: _FileStream) -> Any:
@@ -149,10 +155,8 @@ def transcribe(
     block = 16_000 * BLOCK_MS // 1000
     with AsrEngine(model, config) as engine:
         streams = [
-            engine.open_stream(
-                str(j.path), StreamOptions(language=language, lookahead=lookahead), callback(j)
-            )
-            for j in jobs
+            engine.open_stream(str(j.path), StreamOptions(language=lang, lookahead=lookahead), callback(j))
+            for j, lang in zip(jobs, languages, strict=True)
         ]
         pos = [0] * len(jobs)
         active = set(range(len(jobs)))

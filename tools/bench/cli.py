@@ -22,6 +22,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "quant": ("tools.bench.quant", "encoder step and weight memory: f16 vs q8 vs mixed68 bundles, same run"),
     "vad": ("tools.bench.vad", "voice activity on telephone audio: end-of-speech latency, misses, splits"),
     "ttf": ("tools.bench.ttf", "time to final through real calls: redis-server + ttg serve + ttg replay"),
+    "speechlike": (
+        "tools.bench.speechlike",
+        "tokens/s in speech and in pauses, finals at pauses (espeak-ng)",
+    ),
 }
 
 
