@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 DecoderMode = Literal["workers", "batched"]
 DECODER_MODES: tuple[DecoderMode, ...] = ("workers", "batched")
+WaitPolicy = Literal["adaptive", "fixed"]
+WAIT_POLICIES: tuple[WaitPolicy, ...] = ("adaptive", "fixed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +22,11 @@ class SchedulerConfig:
     # Most chunks (one per stream) in one encoder step.
     max_batch: int = 64
     # A ready chunk waits at most this long for a fuller batch (0 = step as soon as anything is ready).
-    max_wait_ms: float = 10.0
+    max_wait_ms: float = 100.0
+    # "adaptive": wait a few times the measured fixed cost of a step (capped by max_wait_ms), so that
+    # an accelerator whose step costs the same for 1 or 128 rows steps on full batches while a CPU,
+    # whose step cost grows with every row, hardly waits. "fixed": always max_wait_ms.
+    wait_policy: WaitPolicy = "adaptive"
     # Chunks a stream may have queued before the encoder; beyond it the oldest droppable one is dropped
     # (16 x 320 ms = 5 s of audio at the default lookahead).
     max_queued_chunks: int = 16
@@ -33,6 +39,8 @@ class SchedulerConfig:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        if self.wait_policy not in WAIT_POLICIES:
+            raise ValueError(f"wait_policy must be one of {WAIT_POLICIES}, got {self.wait_policy!r}")
         if self.max_queued_chunks < 2:
             # The first and the last chunk of a stream are never dropped, so a bound of 1 could not hold.
             raise ValueError(f"max_queued_chunks must be >= 2, got {self.max_queued_chunks}")

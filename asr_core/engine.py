@@ -364,6 +364,7 @@ class AsrEngine:
         seconds = time.perf_counter() - t0
         by_worker: dict[int, list[EncodedChunk[ChunkPayload]]] = {}
         with self._lock:
+            self._sched.observe_step(len(rows), seconds)
             for c in self._sched.update_from_output(plan, frames, self._clock()):
                 by_worker.setdefault(self._route[c.key], []).append(c)
         self.hooks.encoder_step(seconds, len(rows), [r.queue_wait_s for r in plan.rows])

@@ -53,7 +53,11 @@ class AsrSettings(BaseModel):
 
 class EncoderSettings(BaseModel):
     max_batch: int = Field(64, ge=1, description="Most chunks (calls) in one encoder step")
-    max_wait_ms: float = Field(10.0, ge=0, description="Longest a ready chunk waits for a fuller batch")
+    max_wait_ms: float = Field(100.0, ge=0, description="Longest a ready chunk waits for a fuller batch")
+    wait_policy: Literal["adaptive", "fixed"] = Field(
+        "adaptive",
+        description="adaptive: 3x the measured fixed cost of a step, at most max_wait_ms; fixed: max_wait_ms",
+    )
     max_queued_chunks: int = Field(
         16, ge=2, description="Chunks a call may queue for the encoder; beyond it the oldest is dropped"
     )
