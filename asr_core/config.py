@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-DecoderMode = Literal["workers", "batched"]
-DECODER_MODES: tuple[DecoderMode, ...] = ("workers", "batched")
+DecoderMode = Literal["workers", "batched", "device"]
+DECODER_MODES: tuple[DecoderMode, ...] = ("workers", "batched", "device")
 WaitPolicy = Literal["adaptive", "fixed"]
 WAIT_POLICIES: tuple[WaitPolicy, ...] = ("adaptive", "fixed")
 
@@ -52,6 +52,8 @@ class SchedulerConfig:
 class DecoderConfig:
     # "workers": each stream pinned to one of `workers` threads that decodes its chunks one by one.
     # "batched": each worker advances all its due streams in one batched greedy pass.
+    # "device": the MLX thread decodes every row of an encoder step on the accelerator right after the
+    # step (predictor states stay on the device); the workers only assemble transcripts.
     mode: DecoderMode = "batched"
     workers: int = 2
 

@@ -48,7 +48,14 @@ from asr_core.api import SAMPLE_RATE_HZ, AsrEvent, EventCallback, StreamEnded, S
 from asr_core.config import EngineConfig
 from asr_core.errors import EngineStoppedError, StreamClosedError
 from asr_core.hooks import EngineHooks, NullHooks
-from asr_core.model import BatchDecoder, EncoderBackend, EngineModel, FrontEnd, StreamDecoder
+from asr_core.model import (
+    BatchDecoder,
+    DeviceDecoderBackend,
+    EncoderBackend,
+    EngineModel,
+    FrontEnd,
+    StreamDecoder,
+)
 from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepPlan, StreamPhase
 from asr_core.transcript import FRAME_MS, Token, TranscriptAssembler
 
@@ -84,6 +91,15 @@ class _Opened:
 class _Done:
     key: int
     reason: str  # "finished" | "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """A chunk the MLX thread already decoded on the device (decoder mode "device")."""
+
+    chunk: EncodedChunk[ChunkPayload]
+    tokens: list[Token]
+    seconds: float  # this chunk's share of the batched decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +156,8 @@ class AsrEngine:
         self._load = [0] * self.config.decoder.workers
         self._slots: dict[int, int] = {}  # MLX thread only
         self._encoder: EncoderBackend | None = None  # built and owned by the MLX thread
+        self._device: DeviceDecoderBackend | None = None  # decoder mode "device": the MLX thread's too
+        self._device_slots: dict[int, int] = {}  # MLX thread only
         self._ready = threading.Event()
         self._route: dict[int, int] = {}  # stream key -> its worker, until its _Done is sent
         self._workers: list[_DecoderWorker] = []
@@ -153,12 +171,14 @@ class AsrEngine:
     def start(self) -> AsrEngine:
         if self._mlx_thread is not None:
             raise RuntimeError("engine already started")
-        batched = self.config.decoder.mode == "batched"
+        mode = self.config.decoder.mode
         for i in range(self.config.decoder.workers):
-            dec: StreamDecoder | BatchDecoder = (
-                self.model.new_batch_decoder() if batched else self.model.new_decoder()
-            )
-            self._workers.append(_DecoderWorker(self, i, dec, batched))
+            dec: StreamDecoder | BatchDecoder | None = None
+            if mode == "batched":
+                dec = self.model.new_batch_decoder()
+            elif mode == "workers":
+                dec = self.model.new_decoder()
+            self._workers.append(_DecoderWorker(self, i, dec, mode == "batched"))
         for w in self._workers:
             w.thread.start()
         self._mlx_thread = threading.Thread(target=self._encoder_loop, name="asr-encoder", daemon=True)
@@ -311,6 +331,8 @@ class AsrEngine:
     def _encoder_loop(self) -> None:
         try:
             self._encoder = self.model.create_encoder()
+            if self.config.decoder.mode == "device":
+                self._device = self.model.new_device_decoder()
             # On a GPU the step is mx.compile'd per batch bucket: trace them all now (seconds) so
             # that no live step pays for it. A no-op where the encoder is not compiled.
             warmup = getattr(self._encoder, "warmup", None)
@@ -342,13 +364,31 @@ class AsrEngine:
                 self._run(plan)
         except BaseException as e:  # any failure here is fatal, reported loudly
             self._fail(e)
+        finally:
+            self._release_device()
+
+    def _release_device(self) -> None:
+        """MLX thread, last thing: free the device state it built and its thread-local streams, so that
+        nothing of the accelerator's runtime is left for thread or process teardown (MLX's CUDA
+        backend aborts the process when a thread's streams outlive the runtime)."""
+        self._device = None
+        encoder, self._encoder = self._encoder, None
+        close = getattr(encoder, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                logger.exception("releasing the encoder failed")
 
     def _run(self, plan: StepPlan[ChunkPayload]) -> None:
         encoder = self._encoder
         assert encoder is not None
+        device = self._device
         for left in plan.left:
             if left.had_slot:
                 encoder.release(self._slots.pop(left.key))
+                if device is not None:
+                    device.release(self._device_slots.pop(left.key))
         with self._lock:
             routes = [(self._route.pop(left.key, None), left) for left in plan.left]
         for worker, left in routes:
@@ -356,20 +396,35 @@ class AsrEngine:
                 self._workers[worker].queue.put(_Done(left.key, left.reason))
         for j in plan.joined:
             self._slots[j.key] = encoder.alloc(j.prompt_id, j.lookahead)
+            if device is not None:
+                self._device_slots[j.key] = device.alloc()
         if not plan.rows:
             return
         rows = [(self._slots[r.key], r.payload.mel, r.is_last) for r in plan.rows]
         t0 = time.perf_counter()
         frames = encoder.step(rows)
         seconds = time.perf_counter() - t0
-        by_worker: dict[int, list[EncodedChunk[ChunkPayload]]] = {}
+        by_worker: dict[int, list[Any]] = {}
         with self._lock:
             self._sched.observe_step(len(rows), seconds)
-            for c in self._sched.update_from_output(plan, frames, self._clock()):
-                by_worker.setdefault(self._route[c.key], []).append(c)
+            chunks = self._sched.update_from_output(plan, frames, self._clock())
+            owners = [self._route[c.key] for c in chunks]
         self.hooks.encoder_step(seconds, len(rows), [r.queue_wait_s for r in plan.rows])
-        for w, chunks in by_worker.items():
-            self._workers[w].queue.put(chunks)
+        items: list[Any] = list(chunks)
+        if device is not None and chunks:
+            t0 = time.perf_counter()
+            tokens = device.decode(
+                [self._device_slots[c.key] for c in chunks],
+                [c.frames for c in chunks],
+                [c.first_frame for c in chunks],
+            )
+            dt = time.perf_counter() - t0
+            self.hooks.decoder_step(dt, len(chunks))
+            items = [_Decoded(c, t, dt / len(chunks)) for c, t in zip(chunks, tokens, strict=True)]
+        for w, item in zip(owners, items, strict=True):
+            by_worker.setdefault(w, []).append(item)
+        for w, batch in by_worker.items():
+            self._workers[w].queue.put(batch)
 
     def _fail(self, error: BaseException) -> None:
         logger.critical("ASR encoder thread failed; the engine stops", exc_info=error)
@@ -562,7 +617,7 @@ class _DecoderWorker:
     """One decoder thread: owns its decoder (ORT sessions) and the state of its pinned streams."""
 
     def __init__(
-        self, engine: AsrEngine, index: int, decoder: StreamDecoder | BatchDecoder, batched: bool
+        self, engine: AsrEngine, index: int, decoder: StreamDecoder | BatchDecoder | None, batched: bool
     ) -> None:
         self.engine = engine
         self.index = index
@@ -592,7 +647,7 @@ class _DecoderWorker:
 
     def _handle(self, items: list[Any]) -> bool:
         """Process messages in order; consecutive chunk lists are decoded in rounds. True: stop."""
-        pending: list[EncodedChunk[ChunkPayload]] = []
+        pending: list[Any] = []  # EncodedChunk, or _Decoded in decoder mode "device"
         for item in items:
             if isinstance(item, list):
                 pending.extend(item)
@@ -615,14 +670,24 @@ class _DecoderWorker:
         cfg = self.engine.config.endpoint
         assembler = TranscriptAssembler(msg.stream.stream_id, cfg, self.engine.model.text)
         self.streams[msg.key] = ws = _WorkerStream(msg.stream, None, assembler)
+        if self.decoder is None:  # decoded on the device: no state here
+            return
         try:
             ws.state = self.decoder.new_state()
         except Exception as e:
             logger.exception("stream %s: decoder state failed", msg.stream.stream_id)
             self._fail(msg.key, e)
 
-    def _decode(self, chunks: list[EncodedChunk[ChunkPayload]]) -> None:
+    def _decode(self, chunks: list[Any]) -> None:
         if not chunks:
+            return
+        if self.decoder is None:
+            for d in chunks:
+                ws = self.streams.get(d.chunk.key)
+                if ws is not None and not ws.ended:
+                    ws.decode_s += d.seconds
+                    self._assemble(ws, d.chunk, d.tokens)
+            self.engine._chunks_decoded([d.chunk.key for d in chunks])
             return
         live = [c for c in chunks if c.key in self.streams and not self.streams[c.key].ended]
         if self.batched:

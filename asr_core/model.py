@@ -63,6 +63,18 @@ class BatchDecoder(Protocol):
     ) -> list[list[Token]]: ...
 
 
+class DeviceDecoderBackend(Protocol):
+    """Greedy decoding of a whole encoder step on the accelerator (owned by the engine's MLX thread)."""
+
+    def alloc(self) -> int: ...
+
+    def release(self, slot: int) -> None: ...
+
+    def decode(
+        self, slots: Sequence[int], frames: Sequence[np.ndarray], first_frames: Sequence[int]
+    ) -> list[list[Token]]: ...
+
+
 class EngineModel(Protocol):
     """What `AsrEngine` needs from a model."""
 
@@ -85,6 +97,23 @@ class EngineModel(Protocol):
     def new_decoder(self) -> StreamDecoder: ...
 
     def new_batch_decoder(self) -> BatchDecoder: ...
+
+    def new_device_decoder(self) -> DeviceDecoderBackend:
+        """Called on the engine's MLX thread, which then owns it."""
+
+
+def release_mlx_thread() -> None:
+    """Wait for the calling thread's MLX work and destroy its streams. Every thread that ran MLX work
+    calls this last: MLX keeps streams (with their CUDA handles) per thread, and one destroyed after
+    the CUDA runtime unloaded at exit aborts the process ("terminate called without an active
+    exception"); MLX's advice is to clear them at the end of each thread and of the process."""
+    import gc
+
+    import mlx.core as mx
+
+    gc.collect()  # arrays of this thread that only a reference cycle kept
+    mx.synchronize()
+    mx.clear_streams()
 
 
 def embedded_model_dir() -> Path | None:
@@ -202,6 +231,14 @@ class AsrModel:
             BatchedGreedyDecoder(self._graphs(), cfg.blank_token_id, cfg.max_symbols_per_step)
         )
 
+    def new_device_decoder(self) -> DeviceDecoderBackend:
+        from asr_core.decoder.device import DeviceDecoder
+
+        cfg = self.bundle.config
+        return _DeviceDecoderAdapter(
+            DeviceDecoder(self._graphs().weights(), cfg.blank_token_id, cfg.max_symbols_per_step)
+        )
+
 
 # -- adapters from the parts' own APIs to the engine's protocols ------------------------------------
 
@@ -243,6 +280,12 @@ class _EncoderAdapter:
     def warmup(self, lookahead: int, max_batch: int) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (GPU; else a no-op)."""
         return int(self._encoder.warmup(lookahead, max_batch))
+
+    def close(self) -> None:
+        """On the thread that built it, after its last step: drop the pools and end the thread's MLX
+        streams (see `release_mlx_thread`)."""
+        self._encoder = None
+        release_mlx_thread()
 
 
 class _TextAdapter:
@@ -290,3 +333,20 @@ class _BatchDecoderAdapter:
             [Token(int(e.token), f0 + int(e.frame) - b) for e in ems]
             for ems, f0, b in zip(out, first_frames, bases, strict=True)
         ]
+
+
+class _DeviceDecoderAdapter:
+    def __init__(self, decoder: Any) -> None:
+        self._dec = decoder
+
+    def alloc(self) -> int:
+        return int(self._dec.alloc())
+
+    def release(self, slot: int) -> None:
+        self._dec.release(slot)
+
+    def decode(
+        self, slots: Sequence[int], frames: Sequence[np.ndarray], first_frames: Sequence[int]
+    ) -> list[list[Token]]:
+        out = self._dec.decode(slots, frames, first_frames)
+        return [[Token(int(e.token), int(e.frame)) for e in ems] for ems in out]

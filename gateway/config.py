@@ -65,8 +65,10 @@ class EncoderSettings(BaseModel):
 
 class DecoderSettings(BaseModel):
     workers: int = Field(2, ge=1, description="RNN-T decoder worker threads (one ORT session each)")
-    mode: Literal["workers", "batched"] = Field(
-        "batched", description="batched: a worker decodes all its due calls in one pass; workers: one by one"
+    mode: Literal["workers", "batched", "device"] = Field(
+        "batched",
+        description="batched: a worker decodes its due calls in one pass; workers: one by one; "
+        "device: on the accelerator, after each encoder step",
     )
     max_undecoded_chunks: int = Field(
         2, ge=1, description="Chunks of a call encoded but not yet decoded before its encoding waits"

@@ -709,4 +709,12 @@ def main(args: argparse.Namespace) -> int:
         return 130
     logger.info("model %s loaded from %s in %.1f s", choice.name, choice.dir, time.monotonic() - t0)
     daemon = Daemon(settings, model, choice)
-    return _run_loop(daemon.run, settings.daemon.uvloop)
+    code = _run_loop(daemon.run, settings.daemon.uvloop)
+    # The engine's MLX thread released its own device state and streams when it stopped; this thread
+    # loaded the weights, so it ends its MLX streams too before the interpreter (and with it the CUDA
+    # runtime) goes away.
+    del daemon, model
+    from asr_core.model import release_mlx_thread
+
+    release_mlx_thread()
+    return code

@@ -401,3 +401,54 @@ def test_numpy_and_mlx_nets_decode_the_tokens_of_onnxruntime(
         per_net.append([dec.decode(states, [f[a : a + 4] for f in speech_frames]) for a in range(0, 50, 4)])
     assert per_net[0] == per_net[1] == per_net[2]
     assert any(any(ems) for step in per_net[0] for ems in step)
+
+
+def test_device_decoder_gives_each_stream_its_per_stream_tokens_with_slots_coming_and_going(
+    graphs: RnntGraphs,
+) -> None:
+    from asr_core.decoder.device import DeviceDecoder
+
+    rng = np.random.default_rng(7)
+    n_streams, n_steps = 12, 10
+    single = GreedyDecoder(graphs, TINY.blank_id, max_symbols=3)
+    device = DeviceDecoder(graphs.weights(), TINY.blank_id, max_symbols=3, capacity=2)  # grows
+    # stream i lives from step i % 4 to i % 4 + 6 and sends chunks of 0..5 frames (scaled up so that
+    # frames trigger runs of tokens: max_symbols is reached)
+    plans = {
+        i: [3 * _frames(int(rng.integers(0, 6)), 50 * i + k) for k in range(6)] for i in range(n_streams)
+    }
+    want = {}
+    for i, chunks in plans.items():
+        st = single.new_state()
+        want[i] = [single.decode(st, ch) for ch in chunks]
+    got: dict[int, list[list[Emission]]] = {i: [] for i in plans}
+    slots: dict[int, int] = {}
+    for step in range(n_steps):
+        for i in list(slots):
+            if step - i % 4 >= 6:
+                device.release(slots.pop(i))  # its slot is reused by a later stream
+        due = [i for i in plans if 0 <= step - i % 4 < 6]
+        for i in due:
+            if i not in slots:
+                slots[i] = device.alloc()
+        out = device.decode([slots[i] for i in due], [plans[i][step - i % 4] for i in due])
+        for i, ems in zip(due, out, strict=True):
+            got[i].append(ems)
+    assert got == want
+    emitted = [len(e) for chunks in want.values() for e in chunks]
+    assert sum(emitted) > 10 and max(emitted) > 5  # several tokens per frame in some chunks
+
+
+def test_device_decoder_refuses_unknown_and_repeated_slots(graphs: RnntGraphs) -> None:
+    from asr_core.decoder.device import DeviceDecoder
+
+    device = DeviceDecoder(graphs.weights(), TINY.blank_id)
+    a = device.alloc()
+    with pytest.raises(ValueError, match="twice"):
+        device.decode([a, a], [_frames(2, 0), _frames(2, 1)])
+    with pytest.raises(ValueError, match="not allocated"):
+        device.decode([a + 1], [_frames(2, 0)])
+    device.release(a)
+    with pytest.raises(ValueError, match="not allocated"):
+        device.release(a)
+    assert device.decode([], []) == []
