@@ -248,9 +248,9 @@ def run_mode(
             t = time.perf_counter()
             chunks = [c[step] for c in calls]
             first = [step * len(calls[0][0])] * len(calls)
-            out = ddec.decode(slots, chunks, first)
+            emitted = ddec.decode(slots, chunks, first)
             step_ms.append(1e3 * (time.perf_counter() - t))
-            for i, ems in enumerate(out):
+            for i, ems in enumerate(emitted):
                 tokens[i] += [e.token for e in ems]
                 per_frame += _per_frame(ems, first[i], len(chunks[i]))
     else:
