@@ -1,4 +1,4 @@
-"""`ttg bench encoder|engine|decoder|media|sip|sink|channel ...`: dispatch to tools/bench/<name>.py.
+"""`ttg bench encoder|engine|decoder|media|sip|sink|channel|gateway ...`: dispatch to tools/bench/<name>.py.
 
 Each benchmark module defines `add_arguments(parser)` and `main(args) -> int`. Only the chosen one is
 imported (like the subcommands of `ttg`), so a benchmark runs on a host that lacks what the others
@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "sip": ("tools.bench.sip", "SIP parser/core cost and sipp call setup rate against the front end"),
     "sink": ("tools.bench.sink", "Redis sink throughput, publish() cost, spool write and replay"),
     "channel": ("tools.bench.channel", "chunk transport between processes: shared-memory channel vs pipes"),
+    "gateway": ("tools.bench.gateway", "whole-gateway load levels: redis + ttg serve + ttg replay, CPU/GPU"),
 }
 
 
