@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import math
 import queue
 import threading
 import time
@@ -47,35 +46,21 @@ import numpy as np
 from asr_core.api import SAMPLE_RATE_HZ, AsrEvent, EventCallback, StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import EngineConfig
 from asr_core.errors import EngineStoppedError, StreamClosedError
+from asr_core.frontend import ChunkPayload, StreamFrontEnd
 from asr_core.hooks import EngineHooks, NullHooks
 from asr_core.model import (
     BatchDecoder,
     DeviceDecoderBackend,
     EncoderBackend,
     EngineModel,
-    FrontEnd,
     StreamDecoder,
 )
 from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepPlan, StreamPhase
-from asr_core.transcript import FRAME_MS, Token, TranscriptAssembler
+from asr_core.transcript import Token, TranscriptAssembler
 
 logger = logging.getLogger(__name__)
 
-SAMPLES_PER_FRAME = SAMPLE_RATE_HZ * FRAME_MS // 1000  # 1280: one encoder frame = 8 hops of 160
-# Encoder frame j's receptive field ends at sample 1280*j + 200 (mel frame 8j's window); its energy
-# is that of the 80 ms of audio ending there: the newest audio the frame sees.
-_ENERGY_END = 200
-_SILENT_DB = -120.0
 _LAG_SAMPLES = 512  # chunk lags kept per stream for its end-of-stream stats (most recent)
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkPayload:
-    """What travels with a mel chunk from the caller through the encoder to the decoder worker."""
-
-    mel: np.ndarray
-    energies_db: np.ndarray  # per encoder frame of the chunk (full chunk length; a short one is cut)
-    completed_at: float  # monotonic time of the push that completed the chunk
 
 
 # -- messages to decoder workers ---------------------------------------------------------------
@@ -150,7 +135,7 @@ class AsrEngine:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._sched: EncoderScheduler[ChunkPayload] = EncoderScheduler(self.config.scheduler)
-        self._streams: dict[int, AsrStream] = {}  # open or draining streams, until StreamEnded
+        self._streams: dict[int, _StreamHandle] = {}  # open or draining streams, until StreamEnded
         self._idle = threading.Condition(self._lock)
         self._keys = itertools.count(1)
         self._load = [0] * self.config.decoder.workers
@@ -215,7 +200,7 @@ class AsrEngine:
             streams = list(self._streams.values())
         for s in streams:
             with contextlib.suppress(StreamClosedError, EngineStoppedError):
-                s.finish() if drain else s.close()
+                s.drain() if drain else s.close()
         deadline = self._clock() + timeout
         with self._idle:
             while self._streams and self._failure is None:
@@ -246,7 +231,26 @@ class AsrEngine:
     # -- streams -------------------------------------------------------------------------------
 
     def open_stream(self, stream_id: str, options: StreamOptions, on_event: EventCallback) -> AsrStream:
-        """Start a stream; its events go to `on_event` (called on engine threads, in order)."""
+        """Start a stream fed with audio; its events go to `on_event` (called on engine threads, in order)."""
+        shared = self._prepare(stream_id, options, on_event)
+        stream = AsrStream(
+            self,
+            shared,
+            StreamFrontEnd(self.model.new_frontend(shared.lookahead), shared.lookahead, self._clock),
+        )
+        self._register(stream)
+        return stream
+
+    def open_chunk_stream(
+        self, stream_id: str, options: StreamOptions, on_event: EventCallback
+    ) -> ChunkStream:
+        """Start a stream fed with chunks that a front end elsewhere made (another process ran
+        `asr_core.frontend.StreamFrontEnd` for it); otherwise like `open_stream`."""
+        stream = ChunkStream(self, self._prepare(stream_id, options, on_event))
+        self._register(stream)
+        return stream
+
+    def _prepare(self, stream_id: str, options: StreamOptions, on_event: EventCallback) -> _StreamShared:
         language = options.language or self.config.default_language
         lookahead = options.lookahead
         if lookahead is None:
@@ -258,21 +262,21 @@ class AsrEngine:
                 f"lookahead {lookahead} not supported; the model has {list(self.model.lookaheads)}"
             )
         prompt_id = self.model.prompt_id(language)
-        frontend = self.model.new_frontend(lookahead)
+        return _StreamShared(0, stream_id, on_event, lookahead, prompt_id, -1)
+
+    def _register(self, stream: _StreamHandle) -> None:
+        shared = stream.shared
         with self._lock:
             self._check_running()
-            key = next(self._keys)
-            worker = min(range(len(self._load)), key=self._load.__getitem__)
+            shared.key = key = next(self._keys)
+            shared.worker = worker = min(range(len(self._load)), key=self._load.__getitem__)
             self._load[worker] += 1
-            shared = _StreamShared(key, stream_id, on_event, lookahead, prompt_id, worker)
-            stream = AsrStream(self, shared, frontend)
             self._streams[key] = stream
             self._route[key] = worker
             # The worker learns of the stream before any of its chunks can reach it (FIFO).
             self._workers[worker].queue.put(_Opened(key, shared))
-            self._sched.add_stream(key, prompt_id, lookahead)
-        logger.debug("stream %s opened (%s, lookahead %d, worker %d)", stream_id, language, lookahead, worker)
-        return stream
+            self._sched.add_stream(key, shared.prompt_id, shared.lookahead)
+        logger.debug("stream %s opened (lookahead %d, worker %d)", shared.stream_id, shared.lookahead, worker)
 
     def _check_running(self) -> None:
         if self._failure is not None:
@@ -441,23 +445,14 @@ class AsrEngine:
                 logger.exception("on_fatal callback failed")
 
 
-class AsrStream:
-    """Handle of one stream: `push` audio, then `finish` (flush + finals) or `close` (abort).
+class _StreamHandle:
+    """What both kinds of stream share: identity, backlog, closing (abort)."""
 
-    `push`, `finish` and `close` may be called from any one thread at a time per stream (typically
-    the event loop). After `StreamEnded` (or after finish/close) `push` raises `StreamClosedError`.
-    """
-
-    def __init__(self, engine: AsrEngine, shared: _StreamShared, frontend: FrontEnd) -> None:
+    def __init__(self, engine: AsrEngine, shared: _StreamShared) -> None:
         self._engine = engine
         self.shared = shared
-        self._frontend = frontend
         self._lock = threading.Lock()
         self._state = "open"
-        self._chunks = 0  # chunks handed to the scheduler (its seq numbers)
-        self._frame_span = shared.lookahead + 1
-        self._hist = np.zeros(0, np.float32)  # audio from sample _hist_start on (for frame energies)
-        self._hist_start = 0
 
     @property
     def stream_id(self) -> str:
@@ -474,34 +469,6 @@ class AsrStream:
         with self._engine._lock:
             return self._engine._sched.backlog(self.shared.key)
 
-    def push(self, pcm: np.ndarray) -> None:
-        """Add 16 kHz mono float32 audio in [-1, 1] (any length)."""
-        x = _as_pcm(pcm)
-        with self._lock:
-            if self._state != "open":
-                raise StreamClosedError(f"stream {self.stream_id} is {self._state}")
-            if x.size == 0:
-                return
-            chunks = self._frontend.push(x)
-            self._append_audio(x)
-            if chunks:
-                try:
-                    self._engine._submit(self.shared.key, self._payloads(chunks), last=False, end=False)
-                except StreamClosedError:
-                    self._state = "ended"
-                    raise
-
-    def finish(self) -> None:
-        """End of audio: flush the front end (final short chunk), then the final transcript and
-        `StreamEnded(reason="finished")` arrive through the callback."""
-        with self._lock:
-            if self._state != "open":
-                raise StreamClosedError(f"stream {self.stream_id} is {self._state}")
-            self._state = "finished"
-            self.shared.finished_at = self._engine._clock()
-            chunks, last_is_final = self._frontend.finish()
-            self._engine._submit(self.shared.key, self._payloads(chunks), last=last_is_final, end=True)
-
     def close(self) -> None:
         """Abort: queued audio is discarded; the text decoded so far still comes as a final, then
         `StreamEnded(reason="closed")`. Closing twice is harmless."""
@@ -513,38 +480,78 @@ class AsrStream:
                 self.shared.finished_at = self._engine._clock()
         self._engine._close(self.shared.key)
 
-    # -- helpers -------------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Shutdown: no more input; what was queued is decoded and the finals come."""
+        raise NotImplementedError
 
-    def _append_audio(self, x: np.ndarray) -> None:
-        self._hist = np.concatenate([self._hist, x]) if self._hist.size else x.copy()
-        self.shared.samples += x.size
+    def _submit(self, payloads: list[ChunkPayload], *, last: bool, end: bool) -> None:
+        try:
+            self._engine._submit(self.shared.key, payloads, last=last, end=end)
+        except StreamClosedError:
+            self._state = "ended"
+            raise
 
-    def _payloads(self, chunks: list[np.ndarray]) -> list[ChunkPayload]:
-        now = self._engine._clock()
-        out = []
-        for mel in chunks:
-            first = self._chunks * self._frame_span
-            out.append(ChunkPayload(mel=mel, energies_db=self._energies(first), completed_at=now))
-            self._chunks += 1
-        # Keep only the audio the next chunk's frame energies need.
-        keep_from = max(
-            0, self._chunks * self._frame_span * SAMPLES_PER_FRAME + _ENERGY_END - SAMPLES_PER_FRAME
-        )
-        if keep_from > self._hist_start:
-            self._hist = self._hist[keep_from - self._hist_start :]
-            self._hist_start = keep_from
-        return out
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise StreamClosedError(f"stream {self.stream_id} is {self._state}")
 
-    def _energies(self, first_frame: int) -> np.ndarray:
-        out = np.full(self._frame_span, _SILENT_DB, np.float32)
-        for i in range(self._frame_span):
-            end = (first_frame + i) * SAMPLES_PER_FRAME + _ENERGY_END
-            lo = max(0, end - SAMPLES_PER_FRAME) - self._hist_start
-            hi = min(end, self.shared.samples) - self._hist_start
-            if hi > lo and lo >= 0:
-                seg = self._hist[lo:hi]
-                out[i] = max(_SILENT_DB, 10.0 * math.log10(float(np.dot(seg, seg)) / seg.size + 1e-12))
-        return out
+
+class AsrStream(_StreamHandle):
+    """Handle of one stream: `push` audio, then `finish` (flush + finals) or `close` (abort).
+
+    `push`, `finish` and `close` may be called from any one thread at a time per stream (typically
+    the event loop). After `StreamEnded` (or after finish/close) `push` raises `StreamClosedError`.
+    """
+
+    def __init__(self, engine: AsrEngine, shared: _StreamShared, frontend: StreamFrontEnd) -> None:
+        super().__init__(engine, shared)
+        self._frontend = frontend
+
+    def push(self, pcm: np.ndarray) -> None:
+        """Add 16 kHz mono float32 audio in [-1, 1] (any length)."""
+        x = _as_pcm(pcm)
+        with self._lock:
+            self._check_open()
+            payloads = self._frontend.push(x)
+            self.shared.samples = self._frontend.samples
+            if payloads:
+                self._submit(payloads, last=False, end=False)
+
+    def finish(self) -> None:
+        """End of audio: flush the front end (final short chunk), then the final transcript and
+        `StreamEnded(reason="finished")` arrive through the callback."""
+        with self._lock:
+            self._check_open()
+            self._state = "finished"
+            self.shared.finished_at = self._engine._clock()
+            payloads, last_is_final = self._frontend.finish()
+            self._engine._submit(self.shared.key, payloads, last=last_is_final, end=True)
+
+    def drain(self) -> None:
+        self.finish()
+
+
+class ChunkStream(_StreamHandle):
+    """A stream whose front end runs elsewhere: `push_chunks` its chunks in order, then `finish`
+    (or `close`). `samples` is the audio the front end consumed so far (for audio_ms)."""
+
+    def push_chunks(self, payloads: list[ChunkPayload], samples: int) -> None:
+        with self._lock:
+            self._check_open()
+            self.shared.samples = samples
+            if payloads:
+                self._submit(payloads, last=False, end=False)
+
+    def finish(self, payloads: list[ChunkPayload], last_is_final: bool, samples: int) -> None:
+        with self._lock:
+            self._check_open()
+            self._state = "finished"
+            self.shared.samples = samples
+            self.shared.finished_at = self._engine._clock()
+            self._engine._submit(self.shared.key, payloads, last=last_is_final, end=True)
+
+    def drain(self) -> None:
+        self.finish([], False, self.shared.samples)
 
 
 class _SafeHooks:

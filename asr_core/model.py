@@ -15,22 +15,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from asr_core.frontend import FeaturesAndChunker, FrontEnd, FrontEndSpec
 from asr_core.transcript import TextDecoder, Token
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE_HZ = 16_000
-
-
-class FrontEnd(Protocol):
-    """One stream's features + chunker: 16 kHz PCM in, complete encoder mel chunks out."""
-
-    def push(self, pcm: np.ndarray) -> list[np.ndarray]:
-        """Mel chunks (n_frames, n_mels) completed by this audio, in order."""
-
-    def finish(self) -> tuple[list[np.ndarray], bool]:
-        """Flush at end of stream: the remaining chunks and whether the last of them is the stream's
-        final (short) chunk that needs end-of-stream handling in the encoder."""
 
 
 class EncoderBackend(Protocol):
@@ -198,8 +188,31 @@ class AsrModel:
         from asr_core.chunker import MelChunker
         from asr_core.features import StreamingLogMel
 
-        return _FrontEnd(
-            StreamingLogMel(self.bundle.mel_filters, self.bundle.config.features), MelChunker(lookahead)
+        cfg = self.bundle.config
+        return FeaturesAndChunker(
+            StreamingLogMel(self.bundle.mel_filters, cfg.features),
+            MelChunker(lookahead, cfg.encoder.subsampling_factor),
+        )
+
+    def frontend_spec(self) -> FrontEndSpec:
+        """How other processes build this model's front ends (file paths resolved: the bundle folder
+        may be a temporary view of symlinks)."""
+        import dataclasses
+        import os
+
+        from asr_core.bundle import MELFILTERS_FILE
+
+        cfg = self.bundle.config
+        return FrontEndSpec(
+            features=dataclasses.asdict(cfg.features),
+            mel_filters_path=os.path.realpath(self.bundle.dir / MELFILTERS_FILE),
+            n_mels=cfg.features.n_mels,
+            n_bins=cfg.features.n_bins,
+            mel_filters_transposed=bool(self.bundle.mel_filters_transposed),
+            subsampling_factor=cfg.encoder.subsampling_factor,
+            lookaheads=self._lookaheads,
+            default_lookahead=self._default_lookahead,
+            prompts=dict(cfg.prompt_dictionary),
         )
 
     def _graphs(self) -> Any:
@@ -241,24 +254,6 @@ class AsrModel:
 
 
 # -- adapters from the parts' own APIs to the engine's protocols ------------------------------------
-
-
-class _FrontEnd:
-    def __init__(self, features: Any, chunker: Any) -> None:
-        self._features = features
-        self._chunker = chunker
-
-    def push(self, pcm: np.ndarray) -> list[np.ndarray]:
-        mel = self._features.push(pcm)
-        return list(self._chunker.push(mel)) if len(mel) else []
-
-    def finish(self) -> tuple[list[np.ndarray], bool]:
-        mel = self._features.finish()
-        chunks = list(self._chunker.push(mel)) if len(mel) else []
-        last = self._chunker.finish()
-        if last is not None:
-            return [*chunks, last], True
-        return chunks, False
 
 
 class _EncoderAdapter:
