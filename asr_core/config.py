@@ -147,3 +147,21 @@ class EngineConfig:
 def _pick(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in values.items() if k in names}
+
+
+def engine_config_to_json(config: EngineConfig) -> dict[str, Any]:
+    """The config as plain data (for a process that runs the engine elsewhere)."""
+    from dataclasses import asdict
+
+    return asdict(config)
+
+
+def engine_config_from_json(data: Mapping[str, Any]) -> EngineConfig:
+    """Inverse of `engine_config_to_json`; unknown keys are errors (both ends are this code)."""
+    return EngineConfig(
+        scheduler=SchedulerConfig(**data["scheduler"]),
+        decoder=DecoderConfig(**data["decoder"]),
+        endpoint=EndpointConfig(**data["endpoint"]),
+        default_language=data["default_language"],
+        default_lookahead=data["default_lookahead"],
+    )

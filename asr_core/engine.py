@@ -192,6 +192,23 @@ class AsrEngine:
         with self._lock:
             return len(self._streams)
 
+    def status(self) -> dict[str, float]:
+        """How far behind the engine is: `lag_s` is the longest time, over the last second or two,
+        from a chunk's audio arriving to its chunk being decoded (the delay every transcript carries);
+        `queued_chunks` waits for the encoder; `max_wait_ms` is the scheduler's current batching wait."""
+        now = self._clock()
+        with self._lock:
+            queued = self._sched.total_queued()
+            streams = len(self._streams)
+            wait = self._sched.max_wait_s
+        return {
+            "active_streams": streams,
+            "queued_chunks": queued,
+            "lag_s": max((w.lag.value(now) for w in self._workers), default=0.0),
+            "max_wait_ms": 1000 * wait,
+            "failed": self._failure is not None,
+        }
+
     def shutdown(self, *, drain: bool = True, timeout: float = 30.0) -> None:
         """Stop taking streams; finish (drain=True: flush, finals for all) or close every open stream,
         wait for their `StreamEnded` (closing what is left after `timeout`), then join the threads."""
@@ -554,6 +571,36 @@ class ChunkStream(_StreamHandle):
         self.finish([], False, self.shared.samples)
 
 
+class RecentMax:
+    """The largest value recorded in the last one to two `window_s` (two buckets). One writer; readers
+    on other threads see a value at most one record old."""
+
+    def __init__(self, window_s: float = 1.0) -> None:
+        self.window_s = window_s
+        self._bucket_start = 0.0
+        self._current = 0.0
+        self._previous = 0.0
+
+    def record(self, value: float, now: float) -> None:
+        self._roll(now)
+        if value > self._current:
+            self._current = value
+
+    def value(self, now: float) -> float:
+        if now - self._bucket_start >= 2 * self.window_s:
+            return 0.0
+        if now - self._bucket_start >= self.window_s:
+            return self._current
+        return max(self._current, self._previous)
+
+    def _roll(self, now: float) -> None:
+        if now - self._bucket_start >= self.window_s:
+            fresh = now - self._bucket_start < 2 * self.window_s
+            self._previous = self._current if fresh else 0.0
+            self._current = 0.0
+            self._bucket_start = now
+
+
 class _SafeHooks:
     """Hooks run on engine threads: an exception in one (a metrics bug) is logged, never fatal."""
 
@@ -632,6 +679,7 @@ class _DecoderWorker:
         self.batched = batched
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.streams: dict[int, _WorkerStream] = {}
+        self.lag = RecentMax()
         self.thread = threading.Thread(target=self._loop, name=f"asr-decoder-{index}", daemon=True)
 
     def _loop(self) -> None:
@@ -766,6 +814,7 @@ class _DecoderWorker:
         now = self.engine._clock()
         lag = now - c.payload.completed_at
         ws.lags.append(lag)
+        self.lag.record(lag, now)
         if len(ws.lags) > _LAG_SAMPLES:
             del ws.lags[: len(ws.lags) - _LAG_SAMPLES]
         self._emit(ws, events, c.payload.completed_at)

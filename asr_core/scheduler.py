@@ -376,6 +376,10 @@ class EncoderScheduler(Generic[P]):
     def __len__(self) -> int:
         return len(self._streams)
 
+    def total_queued(self) -> int:
+        """Chunks of all streams waiting for the encoder."""
+        return sum(len(s.queue) for s in self._streams.values())
+
     def queued(self, key: int) -> int:
         return len(self._get(key).queue)
 
