@@ -114,10 +114,10 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _role(pid: int, daemon: int) -> str:
+def _role(pid: int, root: int, root_name: str) -> str:
     """A short name of a process of the run, from its command line."""
-    if pid == daemon:
-        return "gateway"
+    if pid == root:
+        return root_name
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -135,6 +135,7 @@ class Sampler:
 
     daemon: int
     others: dict[str, int] = field(default_factory=dict)
+    root_name: str = "gateway"
     period: float = 1.0
     samples: list[dict[str, Any]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -162,7 +163,7 @@ class Sampler:
             for pid in tree:
                 ticks = _cpu_ticks(pid)
                 if ticks is not None:
-                    name = _role(pid, self.daemon)
+                    name = _role(pid, self.daemon, self.root_name)
                     cpu[name] = cpu.get(name, 0.0) + ticks
             for name, pid in list(self.others.items()):
                 ticks = _cpu_ticks(pid)
