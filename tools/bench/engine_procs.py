@@ -66,7 +66,8 @@ def run(
     t0 = time.monotonic()
     for i, calls in enumerate(per):
         cmd = [
-            sys.executable, "-m", "tools.bench.feeder", "--channel", ends[i].encode(), "--spec", str(spec_file),
+            sys.executable, "-m", "tools.bench.feeder",
+            "--channel", ends[i].encode(), "--spec", str(spec_file),
             "--calls", str(calls), "--seconds", str(args.seconds),
             "--first-key", str(key + (n << 20)),
             "--seed", str(key), "--role", f"feeder_{i}",
