@@ -34,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--first-key", type=int, default=0, help="keys are first-key, first-key + 1, ...")
     p.add_argument("--seed", type=int, default=0, help="call k's audio is synthetic_call(seconds, seed + k)")
+    p.add_argument("--voices", type=int, default=16, help="distinct synthetic signals, reused by later calls")
     p.add_argument("--block-ms", type=int, default=80)
     p.add_argument("--lookahead", type=int, default=None)
     p.add_argument("--language", default="en-US")
@@ -50,7 +51,9 @@ def main(args: argparse.Namespace) -> int:
     lookahead = spec.default_lookahead if args.lookahead is None else args.lookahead
     sender = ChunkSender(ChannelWriter.open(ChannelEnd.decode(args.channel)))
     block = SAMPLE_RATE * args.block_ms // 1000
-    audio = [synthetic_call(args.seconds, seed=args.seed + k) for k in range(args.calls)]
+    # Distinct voices for up to --voices calls, reused beyond (each call's phase differs anyway).
+    voices = [synthetic_call(args.seconds, seed=args.seed + k) for k in range(min(args.calls, args.voices))]
+    audio = [voices[k % len(voices)] for k in range(args.calls)]
     fronts = [StreamFrontEnd(factory.new(lookahead), lookahead) for _ in range(args.calls)]
     n_blocks = -(-audio[0].size // block)
     period = (lookahead + 1) * 0.08
