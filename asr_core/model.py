@@ -21,6 +21,7 @@ from asr_core.transcript import TextDecoder, Token
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE_HZ = 16_000
+GPU_CACHE_LIMIT_BYTES = 16 << 30
 
 
 class EncoderBackend(Protocol):
@@ -146,6 +147,10 @@ class AsrModel:
         from asr_core.tokenizer import Tokenizer
 
         device = "gpu" if mx.default_device() == mx.gpu else "cpu"
+        if device == "gpu":
+            # MLX keeps freed buffers for reuse up to the whole memory limit; at thousands of streams
+            # that is the whole card. Bound the cache (what is in use is not limited by this).
+            mx.set_cache_limit(GPU_CACHE_LIMIT_BYTES)
         if precision == "auto":
             precision = "f16" if device == "gpu" else "f32"
         bundle = load_bundle(Path(model_dir), precision)
