@@ -1,14 +1,14 @@
 """Engine configuration: plain frozen dataclasses that the cores take (no environment reading here).
 
-The edge (`gateway.config.Settings`, the CLI) builds an `EngineConfig`, e.g. with
-`EngineConfig.from_settings(settings.model_dump())`; model hyperparameters are not settings, they come
-from the bundle.
+The edge builds an `EngineConfig` field by field from its own settings (the gateway: `engine_config` in
+gateway/daemon.py; the CLI tools: their flags); model hyperparameters are not settings, they come from
+the bundle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 DecoderMode = Literal["workers", "batched", "device"]
@@ -112,41 +112,6 @@ class EngineConfig:
     # StreamOptions.language "" / lookahead None fall back to these (None = the bundle's default).
     default_language: str = "auto"
     default_lookahead: int | None = None
-
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> EngineConfig:
-        """Build from `gateway.config.Settings.model_dump()` (sections `asr`, `encoder`, `decoder`).
-
-        Keys a section does not have keep their defaults; unknown keys are ignored, so asr_core does not
-        depend on the gateway's settings classes.
-        """
-        asr = dict(settings.get("asr", {}))
-        enc = dict(settings.get("encoder", {}))
-        dec = dict(settings.get("decoder", {}))
-        endpoint_keys = {
-            "endpoint_blank_ms": "blank_ms",
-            "endpoint_energy_db": "energy_db",
-            "endpoint_max_blank_ms": "max_blank_ms",
-            "max_segment_ms": "max_segment_ms",
-            "partial_interval_ms": "partial_interval_ms",
-            "partials": "partials",
-        }
-        endpoint = {dst: asr[src] for src, dst in endpoint_keys.items() if src in asr}
-        scheduler = _pick(SchedulerConfig, enc)
-        if "max_undecoded_chunks" in dec:
-            scheduler["max_undecoded_chunks"] = dec["max_undecoded_chunks"]
-        return cls(
-            scheduler=SchedulerConfig(**scheduler),
-            decoder=DecoderConfig(**_pick(DecoderConfig, dec)),
-            endpoint=EndpointConfig(**endpoint),
-            default_language=asr.get("language") or "auto",
-            default_lookahead=asr.get("lookahead"),
-        )
-
-
-def _pick(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in values.items() if k in names}
 
 
 def engine_config_to_json(config: EngineConfig) -> dict[str, Any]:

@@ -6,8 +6,7 @@ Startup, in this order (what an operator sees):
 1. Settings from `TTG_*` (NEMO_* aliases), then the command-line flags on top. A bad value, an RTP
    port range too small for `TTG_SIP__MAX_CALLS`, or a bundle that does not load ends the process
    with one line on stderr and exit status 2, before any port is bound.
-2. The model bundle is loaded once (no bundle given: the embedded demo model; without one, a
-   generated tiny random bundle with a loud warning that its transcripts are meaningless).
+2. The model bundle is loaded once (no bundle given: the embedded demo model).
 3. The sink opens its spool (events a previous run could not deliver are sent first) and starts;
    Redis being unreachable is not fatal: events wait in memory, then in the spool.
 4. HTTP (/metrics, /healthz, /readyz) comes up: /readyz says "model not loaded" until step 6.
@@ -32,7 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import io
 import ipaddress
 import logging
 import os
@@ -42,12 +40,16 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from gateway.addresses import is_unspecified
 from gateway.config import Settings
 from gateway.events import CallEvent, EventPublisher
 from gateway.http import HttpServer, Readiness
+
+if TYPE_CHECKING:
+    from asr_core.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +65,6 @@ FORCED_FLUSH_S = 1.0
 ENGINE_FAILURE_GRACE_S = 5.0
 ENGINE_SHUTDOWN_S = 10.0
 
-_WILDCARDS = frozenset({"", "0.0.0.0", "::", "0:0:0:0:0:0:0:0"})
 LOG_FORMAT = "%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s"
 LOG_DATEFMT = "%Y-%m-%dT%H:%M:%S"
 
@@ -194,7 +195,7 @@ def check_settings(s: Settings) -> list[Finding]:
             )
         )
     advertised = s.rtp.advertised_host or s.sip.advertised_host
-    if (s.sip.host in _WILDCARDS or s.rtp.host in _WILDCARDS) and not advertised:
+    if (is_unspecified(s.sip.host) or is_unspecified(s.rtp.host)) and not advertised:
         out.append(
             Finding(
                 logging.WARNING,
@@ -206,7 +207,7 @@ def check_settings(s: Settings) -> list[Finding]:
         )
     for name, host in (("TTG_SIP__ADVERTISED_HOST", s.sip.advertised_host),
                        ("TTG_RTP__ADVERTISED_HOST", s.rtp.advertised_host)):  # fmt: skip
-        if host in _WILDCARDS - {""}:
+        if host and is_unspecified(host):
             out.append(Finding(logging.ERROR, f"{name}={host} is a wildcard: advertise a reachable address"))
     if not _is_loopback(s.http.host):
         out.append(
@@ -283,30 +284,22 @@ def configure_logging(level: int) -> None:
 class ModelChoice:
     dir: Path
     name: str  # call_start `model`, ttg_build_info{model}
-    meaningless: bool = False  # a random bundle: transcripts are noise
 
 
 def choose_model(s: Settings) -> ModelChoice:
-    """The configured bundle, else the embedded demo model, else a generated tiny random bundle."""
+    """The configured bundle, else the embedded demo model (asr_core/demo_model, shipped with the package)."""
     from asr_core.model import embedded_model_dir
 
     if s.model.dir:
         d = Path(s.model.dir).expanduser()
         return ModelChoice(d, d.resolve().name or str(d))
     embedded = embedded_model_dir()
-    if embedded is not None:
-        return ModelChoice(embedded, "demo")
-    # Until the demo model ships: the bundle generator lives in tools/ (installed with the package);
-    # this fallback, and with it this one import against the gateway → asr_core direction, goes then.
-    from tools.transcribe import default_model_dir
-
-    try:
-        return ModelChoice(default_model_dir(err=io.StringIO()), "tiny-random", meaningless=True)
-    except Exception as e:
+    if embedded is None:
         raise StartupError(
-            f"no model given (TTG_MODEL__DIR / --model), no embedded demo model, and generating a tiny "
-            f"random one failed: {type(e).__name__}: {e}"
-        ) from None
+            "no model given (TTG_MODEL__DIR / --model) and this install has no embedded demo model "
+            "(asr_core/demo_model): point TTG_MODEL__DIR at a bundle"
+        )
+    return ModelChoice(embedded, "demo")
 
 
 @contextlib.contextmanager
@@ -422,14 +415,39 @@ class CallLogPublisher:
 EngineFactory = Callable[[Any, Callable[[BaseException], None]], Any]
 
 
+def engine_config(s: Settings) -> EngineConfig:
+    """The engine's dataclasses from the typed settings: built field by field, so a renamed setting
+    is a type error here instead of a silent fall-back to a default."""
+    from asr_core.config import DecoderConfig, EndpointConfig, EngineConfig, SchedulerConfig
+
+    return EngineConfig(
+        scheduler=SchedulerConfig(
+            max_batch=s.encoder.max_batch,
+            max_wait_ms=s.encoder.max_wait_ms,
+            wait_policy=s.encoder.wait_policy,
+            max_queued_chunks=s.encoder.max_queued_chunks,
+            max_undecoded_chunks=s.decoder.max_undecoded_chunks,
+        ),
+        decoder=DecoderConfig(mode=s.decoder.mode, workers=s.decoder.workers),
+        endpoint=EndpointConfig(
+            blank_ms=s.asr.endpoint_blank_ms,
+            energy_db=s.asr.endpoint_energy_db,
+            max_blank_ms=s.asr.endpoint_max_blank_ms,
+            max_segment_ms=s.asr.max_segment_ms,
+            partial_interval_ms=s.asr.partial_interval_ms,
+            partials=s.asr.partials,
+        ),
+        default_language=s.asr.language or "auto",
+        default_lookahead=s.asr.lookahead,
+    )
+
+
 def default_engine_factory(settings: Settings) -> EngineFactory:
     def make(model: Any, on_fatal: Callable[[BaseException], None]) -> Any:
-        from asr_core.config import EngineConfig
         from asr_core.engine import AsrEngine
         from gateway.metrics import PrometheusEngineHooks
 
-        config = EngineConfig.from_settings(settings.model_dump())
-        return AsrEngine(model, config, PrometheusEngineHooks(), on_fatal=on_fatal)
+        return AsrEngine(model, engine_config(settings), PrometheusEngineHooks(), on_fatal=on_fatal)
 
     return make
 
@@ -533,7 +551,8 @@ class Daemon:
         return self.exit_code
 
     async def _start(self) -> None:
-        from gateway.calls import FrontEndConfig, TelephonyFrontEnd
+        from gateway.call.frontend import FrontEndConfig, TelephonyFrontEnd
+        from gateway.call.legs import LocalLegs
         from gateway.metrics import init_metrics
         from gateway.rtp.receiver import MediaManager
         from gateway.sink import RedisSink
@@ -570,9 +589,8 @@ class Daemon:
         )  # fmt: skip
         self.frontend = TelephonyFrontEnd(
             FrontEndConfig.from_settings(s, model_name=self.choice.name),
-            self.engine,
+            LocalLegs(self.engine, MediaManager.from_settings(s)),
             CallLogPublisher(self.sink),
-            MediaManager.from_settings(s),
         )
         try:
             await self.frontend.start()
@@ -583,10 +601,10 @@ class Daemon:
         self.readiness.details["active_calls"] = lambda: self.frontend.active_calls
         self.readiness.model_loaded = True
         logger.info(
-            "ready: SIP %s on %s:%d, RTP %s:%d-%d, HTTP %s, Redis %s stream %s, model %s%s",
+            "ready: SIP %s on %s:%d, RTP %s:%d-%d, HTTP %s, Redis %s stream %s, model %s",
             "+".join(s.sip.transports).upper(), s.sip.host, self.frontend.sip_port, s.rtp.host,
             s.rtp.port_min, s.rtp.port_max, self.http.url, redact_url(s.redis.url), s.redis.stream,
-            self.choice.name, " (RANDOM WEIGHTS: MEANINGLESS TRANSCRIPTS)" if self.choice.meaningless else "",
+            self.choice.name,
         )  # fmt: skip
 
     async def _check_redis(self) -> None:
@@ -693,12 +711,6 @@ def main(args: argparse.Namespace) -> int:
         logger.log(f.level, "%s", f.message)
     try:
         choice = choose_model(settings)
-        if choice.meaningless:
-            logger.warning(
-                "NO MODEL GIVEN AND NO EMBEDDED DEMO MODEL: serving a TINY RANDOM bundle (%s); its "
-                "transcripts are MEANINGLESS. Set TTG_MODEL__DIR (or --model DIR) to a real bundle.",
-                choice.dir,
-            )
         t0 = time.monotonic()
         model = load_model(settings, choice)
     except StartupError as e:

@@ -127,7 +127,7 @@ SIP_ERROR_REASONS = (
     "overload",
 )
 CODECS = ("PCMU", "PCMA")
-# gateway.rtp: parse failures (packet.py), then the receiver's own drops (audio/media.py).
+# gateway.rtp: parse failures (packet.py), then the receiver's own drops (rtp/media.py).
 RTP_INVALID_REASONS = (
     "too_short",
     "bad_version",

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from gateway.addresses import is_unspecified
+
 Direction = Literal["sendrecv", "sendonly", "recvonly", "inactive"]
 Codec = Literal["PCMU", "PCMA"]
 
@@ -105,8 +107,9 @@ class Connection:
 
     @property
     def is_null(self) -> bool:
-        """RFC 3264 §8.4: c=0.0.0.0 is the RFC 2543 way to put a stream on hold."""
-        return self.address in ("0.0.0.0", "::", "0:0:0:0:0:0:0:0")
+        """RFC 3264 §8.4: c=0.0.0.0 (any spelling of the unspecified address) is the RFC 2543 way to
+        put a stream on hold."""
+        return is_unspecified(self.address)
 
     @property
     def is_multicast(self) -> bool:
@@ -416,9 +419,9 @@ def _parse_attribute(value: str, lineno: int) -> Attribute:
 class MediaPlan:
     """What one accepted audio stream carries: everything the RTP receiver needs, nothing SIP-specific.
 
-    `direction` is the offerer's view (what they will do); `on_hold` follows the brief's definition
-    (sendonly/inactive or c=0.0.0.0); `media_expected` says whether RTP should flow to us at all, which
-    decides which inactivity timeout applies.
+    `direction` is the offerer's view (what they will do); `on_hold` is sendonly/inactive or c=0.0.0.0;
+    `media_expected` says whether RTP should flow to us at all, which decides which inactivity timeout
+    applies and whether we answer recvonly or inactive.
     """
 
     index: int  # the m= line in the offer (0-based)
@@ -438,7 +441,7 @@ class MediaPlan:
 
     @property
     def media_expected(self) -> bool:
-        return self.direction in ("sendrecv", "sendonly") and self.remote_host not in ("0.0.0.0", "::")
+        return self.direction in ("sendrecv", "sendonly") and not is_unspecified(self.remote_host)
 
     @property
     def payload_types(self) -> tuple[int, ...]:
@@ -531,13 +534,10 @@ def negotiate_answer(
         )
     neg = negotiate(answer, codecs=codecs, max_streams=max_streams, default_ptime_ms=default_ptime_ms)
     plans = tuple(
-        None if p is None else replace(p, on_hold=p.direction == "inactive" or p.remote_host in _NULL_HOSTS)
+        None if p is None else replace(p, on_hold=p.direction == "inactive" or is_unspecified(p.remote_host))
         for p in neg.plans
     )
     return replace(neg, plans=plans)
-
-
-_NULL_HOSTS = frozenset({"0.0.0.0", "::", "0:0:0:0:0:0:0:0"})
 
 
 def _negotiate_stream(
@@ -633,7 +633,7 @@ def answer_direction(plan: MediaPlan) -> Direction:
     offerer sends (sendrecv/sendonly, hold with music included), inactive otherwise (recvonly/inactive
     offers and c=0.0.0.0 holds, where the offerer will not send either).
     """
-    if plan.direction in ("sendrecv", "sendonly") and plan.remote_host not in ("0.0.0.0", "::"):
+    if plan.media_expected:
         return "recvonly"
     return "inactive"
 

@@ -13,7 +13,8 @@ which is exactly the per-stream greedy rule (greedy.py), so the tokens are those
 (up to float rounding in the joint: ties between two logits are the only way they can differ). The
 host does not look at the results between iterations: every row needs at least T iterations, so T
 of them are queued at once; then one sync asks whether a row still emits, and more are queued, twice
-as many each time, until none does (a few syncs even when a row emits max_symbols on every frame). Tokens, their frames and the new states come back in one transfer.
+as many each time, until none does (a few syncs even when a row emits max_symbols on every frame).
+Tokens, their frames and the new states come back in one transfer.
 
 Why on the device: the joint (640 x 13 088 at full size) is 99 % of the arithmetic, ~0.4 TFLOP/s
 at 2,000 calls: several CPU cores, or a rounding error of an H200's time next to the encoder.

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway import metrics
-from gateway.audio.media import (
+from gateway.rtp.media import (
     PENDING_PLAN,
     AudioBlock,
     DtmfDigit,
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CallMedia", "MediaManager", "PortsExhausted", "advertised_address", "media_config"]
+__all__ = ["CallMedia", "MediaManager", "PortsExhausted", "media_config"]
 
 METRICS_PERIOD_S = 1.0
 BIND_ATTEMPTS = 32  # pairs tried when ports of the range are taken by other processes
@@ -59,29 +59,6 @@ def media_config(rtp: RtpSettings) -> MediaConfig:
         relatch_after_s=rtp.relatch_after_ms / 1000,
         resample_quality=rtp.resample_quality,
     )
-
-
-def advertised_address(settings: Settings, local_ip: str | None = None) -> str:
-    """The address our SDP puts in c=/o= (separate from the bind address, for NAT and containers).
-
-    First of: TTG_RTP__ADVERTISED_HOST, TTG_SIP__ADVERTISED_HOST, the RTP bind address when it is a
-    concrete one, `local_ip` (the local address the INVITE arrived on). Never a wildcard: c=0.0.0.0 tells
-    the peer to put the call on hold (RFC 3264 §8.4).
-    """
-    for candidate in (
-        settings.rtp.advertised_host,
-        settings.sip.advertised_host,
-        settings.rtp.host,
-        local_ip,
-    ):
-        if candidate and candidate not in _WILDCARDS:
-            return candidate
-    raise ValueError(
-        "no address to advertise: set TTG_RTP__ADVERTISED_HOST (the RTP bind address is a wildcard)"
-    )
-
-
-_WILDCARDS = frozenset({"0.0.0.0", "::", "0:0:0:0:0:0:0:0", ""})
 
 
 class _Protocol(asyncio.DatagramProtocol):
@@ -228,7 +205,7 @@ class CallMedia:
         self._published: dict[str, int] = {}
         self._final: MediaStats | None = None
 
-    # --- API for the session ---------------------------------------------------------------------
+    # --- API for the leg that owns it -------------------------------------------------------------
 
     @property
     def plan(self) -> MediaPlan:

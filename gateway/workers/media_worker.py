@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 from asr_core.channel import ChannelEnd, ChannelWriter
 from asr_core.frontend import FrontEndFactory, FrontEndSpec, StreamFrontEnd
 from asr_core.remote import ChunkSender
-from gateway.audio.media import MediaConfig
+from gateway.rtp.media import MediaConfig
 from gateway.rtp.ports import PortsExhausted
 from gateway.rtp.receiver import CallMedia, MediaManager
 from gateway.workers.protocol import CounterDeltas, line, plan_from_json, stats_to_json
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--uvloop", action="store_true")
     p.add_argument("--role", default="", help="a name for process listings")
     args = p.parse_args(argv)
-    from gateway.daemon import OneLineFormatter, LOG_DATEFMT, LOG_FORMAT
+    from gateway.daemon import LOG_DATEFMT, LOG_FORMAT, OneLineFormatter
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(OneLineFormatter(LOG_FORMAT, LOG_DATEFMT))

@@ -4,14 +4,16 @@ Control traffic only (per call leg: open, update, close, finish, abort; per leg 
 inactivity; once a second: metric deltas). Audio never takes this path: a worker sends its chunks
 straight to the engine process through a shared-memory channel (asr_core.channel).
 
-    main -> worker   {"op": "open", "leg": L, "key": K, "plan": {...} | null, "language": ..., "lookahead": ...}
+    main -> worker   {"op": "open", "leg": L, "key": K, "plan": {...} | null, "language": ...,
+                      "lookahead": ..., "stream_id": ...}
                      {"op": "update", "leg": L, "plan": {...}}
                      {"op": "close", "leg": L}     flush the media into the ASR front end; reply "closed"
                      {"op": "finish", "leg": L}    end the ASR stream (its last chunk, then FINISH)
                      {"op": "abort", "leg": L}     close the ASR stream at once, drop the leg
                      {"op": "stop"}
     worker -> main   {"op": "ready", "index": i, "ports": [lo, hi]}
-                     {"op": "opened", "leg": L, "port": p} | {"op": "open_failed", "leg": L, "error": ..., "exhausted": b}
+                     {"op": "opened", "leg": L, "port": p}
+                     {"op": "open_failed", "leg": L, "error": ..., "exhausted": b}
                      {"op": "closed", "leg": L, "stats": {...}, "audio_ms": n}
                      {"op": "dtmf", "leg": L, "digit": d, "start_ms": s, "duration_ms": t}
                      {"op": "inactive", "leg": L}
@@ -87,7 +89,7 @@ def counters_by_name(metrics_module: Any) -> dict[str, Counter]:
     out: dict[str, Counter] = {}
     for value in vars(metrics_module).values():
         if isinstance(value, Counter):
-            out[value.describe()[0].name] = value
+            out[next(iter(value.describe())).name] = value
     return out
 
 

@@ -466,24 +466,6 @@ def test_a_failing_callback_or_hook_does_not_stop_the_stream() -> None:
     assert any(isinstance(e, TranscriptEvent) and e.kind == "final" for e in seen)
 
 
-def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.config import Settings
-
-    monkeypatch.setenv("TTG_DECODER__MODE", "workers")
-    monkeypatch.setenv("NEMO_WORKERS", "5")
-    monkeypatch.setenv("NEMO_BATCH_MAX", "128")
-    monkeypatch.setenv("TTG_ENCODER__MAX_QUEUED_CHUNKS", "8")
-    monkeypatch.setenv("TTG_ASR__ENDPOINT_BLANK_MS", "600")
-    monkeypatch.setenv("TTG_ASR__PARTIALS", "false")
-    monkeypatch.setenv("TTG_ASR__LANGUAGE", "uk-UA")
-    cfg = EngineConfig.from_settings(Settings().model_dump())
-    assert (cfg.decoder.mode, cfg.decoder.workers) == ("workers", 5)
-    assert (cfg.scheduler.max_batch, cfg.scheduler.max_queued_chunks) == (128, 8)
-    assert (cfg.endpoint.blank_ms, cfg.endpoint.partials) == (600, False)
-    assert cfg.default_language == "uk-UA"
-    assert EngineConfig.from_settings({}) == EngineConfig()
-
-
 def test_engine_warms_the_encoder_up_on_its_mlx_thread_before_accepting_streams() -> None:
     # The GPU encoder traces its compiled step per batch bucket; the engine does it once at start
     # (default lookahead, max_batch) so that no live step pays for a trace.

@@ -1,5 +1,5 @@
 """`ttg serve` refuses what it cannot run with one line on stderr and a non-zero exit, before it binds
-anything (a bad bundle: issue 6; bad settings), and its startup checks say what an operator needs."""
+anything (a bad bundle, bad settings), and its startup checks say what an operator needs."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from gateway.daemon import (
     OneLineFormatter,
     StartupError,
     check_settings,
+    engine_config,
     redact_url,
     rtp_port_pairs,
     settings_from_args,
@@ -142,6 +143,34 @@ def test_metrics_bound_beyond_loopback_and_half_configured_auth_are_reported() -
     assert f.level == logging.ERROR and "DIGEST_PASSWORD" in f.message
     (f,) = check_settings(loopback(log={"level": "chatty"}))
     assert f.level == logging.ERROR
+
+
+def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asr_core.config import EngineConfig
+
+    defaults = engine_config(Settings())
+    # The settings' defaults are the engine's own defaults (two places, one set of numbers).
+    assert (defaults.scheduler, defaults.decoder, defaults.endpoint) == (
+        EngineConfig().scheduler,
+        EngineConfig().decoder,
+        EngineConfig().endpoint,
+    )
+    monkeypatch.setenv("TTG_DECODER__MODE", "workers")
+    monkeypatch.setenv("NEMO_WORKERS", "5")
+    monkeypatch.setenv("NEMO_BATCH_MAX", "128")
+    monkeypatch.setenv("TTG_ENCODER__MAX_QUEUED_CHUNKS", "8")
+    monkeypatch.setenv("TTG_DECODER__MAX_UNDECODED_CHUNKS", "3")
+    monkeypatch.setenv("TTG_ASR__ENDPOINT_BLANK_MS", "600")
+    monkeypatch.setenv("TTG_ASR__ENDPOINT_MAX_BLANK_MS", "1500")
+    monkeypatch.setenv("TTG_ASR__PARTIALS", "false")
+    monkeypatch.setenv("TTG_ASR__LANGUAGE", "uk-UA")
+    monkeypatch.setenv("TTG_ASR__LOOKAHEAD", "6")
+    cfg = engine_config(Settings())
+    assert (cfg.decoder.mode, cfg.decoder.workers) == ("workers", 5)
+    assert (cfg.scheduler.max_batch, cfg.scheduler.max_queued_chunks) == (128, 8)
+    assert cfg.scheduler.max_undecoded_chunks == 3
+    assert (cfg.endpoint.blank_ms, cfg.endpoint.max_blank_ms, cfg.endpoint.partials) == (600, 1500, False)
+    assert (cfg.default_language, cfg.default_lookahead) == ("uk-UA", 6)
 
 
 def test_flags_override_the_environment_which_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,11 +52,12 @@ def _lang(text: str) -> LanguageMix:
 def _settings_defaults() -> dict[str, Any]:
     """The gateway's settings (env TTG_*), so the tool finds a locally configured gateway by default."""
     try:
+        from gateway.addresses import advertised_address
         from gateway.config import Settings
 
         s = Settings()
-        sip_host = "127.0.0.1" if s.sip.host in ("0.0.0.0", "::", "") else s.sip.host
-        http_host = "127.0.0.1" if s.http.host in ("0.0.0.0", "::", "") else s.http.host
+        sip_host = advertised_address(s.sip.host, "127.0.0.1")
+        http_host = advertised_address(s.http.host, "127.0.0.1")
         return {
             "target": (sip_host, s.sip.port),
             "redis_url": s.redis.url,

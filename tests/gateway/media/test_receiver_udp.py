@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from gateway.audio.media import MediaConfig
-from gateway.config import Settings
-from gateway.rtp.receiver import CallMedia, MediaManager, PortsExhausted, advertised_address
+from gateway.rtp.media import MediaConfig
+from gateway.rtp.receiver import CallMedia, MediaManager, PortsExhausted
 from gateway.rtp.sender import Impairments, RtpSender, ScheduledPacket
 from gateway.sdp import MediaPlan
 from tests.gateway.media.helpers import assert_audio_matches, oracle, speech_like
@@ -227,19 +226,6 @@ async def test_nothing_is_left_running_after_close() -> None:
     assert mgr.streams == 0 and mgr.pool.in_use == 0
     assert {t for t in asyncio.all_tasks() if t is not asyncio.current_task()} == set()
     assert all(m._timer is None for m in medias)
-
-
-def test_the_advertised_address_prefers_rtp_then_sip_then_a_concrete_bind_address() -> None:
-    s = Settings()
-    assert advertised_address(s, local_ip="10.0.0.9") == "10.0.0.9"  # bind 0.0.0.0: use where the INVITE came
-    s.rtp.host = "192.0.2.1"
-    assert advertised_address(s) == "192.0.2.1"
-    s.sip.advertised_host = "203.0.113.1"
-    assert advertised_address(s) == "203.0.113.1"
-    s.rtp.advertised_host = "203.0.113.2"
-    assert advertised_address(s) == "203.0.113.2"
-    with pytest.raises(ValueError):
-        advertised_address(Settings())
 
 
 async def test_a_stream_opened_before_its_answer_accepts_rtp_only_after_update() -> None:

@@ -1,0 +1,473 @@
+"""The call core as a specification: scripted calls, each step an input (with `now`) and the effects it
+must produce, no sockets, threads or engine. Every scripted call also keeps the publishing invariants:
+at most one call_start, exactly one call_end after it, every transcript and DTMF event in between."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from asr_core.api import StreamEnded, TranscriptEvent
+from gateway.call.contract import (
+    Acked,
+    AckTimedOut,
+    Answer,
+    AnswerReoffer,
+    AsrEnded,
+    AsrOpened,
+    AsrRefused,
+    AudioRefused,
+    CallInput,
+    Cancelled,
+    Dtmf,
+    Effect,
+    Failed,
+    Hangup,
+    MediaClosed,
+    MediaFailed,
+    MediaInactive,
+    MediaOpened,
+    Offered,
+    OpenAsr,
+    OpenMedia,
+    PeerHungUp,
+    Publish,
+    Reject,
+    RejectReoffer,
+    ReofferAcked,
+    Reoffered,
+    Shutdown,
+    Transcript,
+    UpdateMedia,
+)
+from gateway.call.core import CallConfig, CallCore, CallState
+from gateway.events import CallEvent
+from gateway.sip.message import SipRequest, parse_message
+from tests.gateway.sip.factories import SDP_OFFER, UDP, invite, request
+
+CALL = "call-1"
+WALL = 1_700_000_000.0
+
+
+def sip(data: bytes) -> SipRequest:
+    message = parse_message(data)
+    assert isinstance(message, SipRequest)
+    return message
+
+
+def reinvite(body: str = "") -> Reoffered:
+    return Reoffered(sip(request("INVITE", to_tag="gw", cseq=2, body=body)))
+
+
+PCMA_ANSWER = SDP_OFFER.replace("RTP/AVP 0 8 101", "RTP/AVP 8 101").replace("a=sendrecv", "a=sendonly")
+MOVED_PCMA = (
+    SDP_OFFER.replace("o=- 1 1", "o=- 1 2")
+    .replace("c=IN IP4 127.0.0.1", "c=IN IP4 127.0.0.2")
+    .replace("m=audio 6000 RTP/AVP 0 8 101", "m=audio 7000 RTP/AVP 8 101")
+)
+HOLD = SDP_OFFER.replace("a=sendrecv", "a=sendonly").replace("o=- 1 1", "o=- 1 2")
+HOLD_NULL = SDP_OFFER.replace("c=IN IP4 127.0.0.1", "c=IN IP4 0.0.0.0").replace("o=- 1 1", "o=- 1 2")
+RESUME = SDP_OFFER.replace("o=- 1 1", "o=- 1 3")
+
+OFFER = Offered(sip(invite()), UDP, "127.0.0.1")
+DELAYED = Offered(sip(request("INVITE")), UDP, "127.0.0.1")
+ASR_OK = AsrOpened("caller")
+PORT = MediaOpened("caller", 20000)
+ACK = Acked()
+BYE = PeerHungUp()
+CLOSED = MediaClosed("caller", {"rtp_packets": "50", "rtp_codec": "PCMU"}, 1000)
+FINAL = Transcript("caller", TranscriptEvent(CALL, "final", 0, "hello", 0, 640, at_end_of_stream=True))
+PARTIAL = Transcript("caller", TranscriptEvent(CALL, "partial", 0, "hel", 0, 400))
+FINISHED = AsrEnded("caller", StreamEnded(CALL, "finished", audio_ms=1000))
+ENGINE_FAILED = AsrEnded("caller", StreamEnded(CALL, "error", error="encoder thread died"))
+TIMER = "timer"  # a step that fires the core's timer at its deadline
+
+
+def describe(effect: Effect) -> str:
+    """Effects as the scripts spell them."""
+    match effect:
+        case Publish(event=ev) if ev.type == "call_end":
+            return f"Publish call_end {ev.extra['reason']} asr={ev.extra.get('asr', '-')}"
+        case Publish(event=ev):
+            return f"Publish {ev.type}"
+        case Reject(status=status) | RejectReoffer(status=status):
+            return f"{type(effect).__name__} {status}"
+        case Hangup(reason=reason):
+            return f"Hangup {reason}"
+        case OpenAsr(leg=leg, options=options):
+            return f"OpenAsr {leg} {options.language}"
+        case OpenMedia(leg=leg, plan=plan):
+            return f"OpenMedia {leg} {plan.codec if plan is not None else 'offer'}"
+        case UpdateMedia(leg=leg, plan=plan):
+            where = f"{plan.remote_host}:{plan.remote_port}"
+            return f"UpdateMedia {leg} {plan.codec} {where}" + (" hold" if plan.on_hold else "")
+    leg = getattr(effect, "leg", None)
+    return type(effect).__name__ + (f" {leg}" if leg else "")
+
+
+Step = tuple[CallInput | str, list[str]]
+
+
+@dataclass
+class Driver:
+    core: CallCore
+    now: float = 100.0
+    effects: list[Effect] | None = None
+
+    @classmethod
+    def new(cls, **config: object) -> Driver:
+        cfg = CallConfig(**{"finish_timeout_s": 10.0, **config})  # type: ignore[arg-type]
+        return cls(CallCore(CALL, cfg, now=100.0, wall_clock=lambda: WALL), effects=[])
+
+    def feed(self, inp: CallInput | str, dt: float = 0.5) -> list[Effect]:
+        self.now += dt
+        if inp == TIMER:
+            deadline = self.core.next_deadline()
+            assert deadline is not None, "no timer armed"
+            self.now = deadline
+            out = self.core.handle_timer(self.now)
+        else:
+            assert not isinstance(inp, str)
+            out = self.core.handle(inp, self.now)
+        assert self.effects is not None
+        self.effects += out
+        return out
+
+    def run(self, steps: Sequence[Step]) -> None:
+        for n, (inp, expected) in enumerate(steps):
+            got = [describe(e) for e in self.feed(inp)]
+            assert got == expected, f"step {n} ({inp}): got {got}, expected {expected}"
+        check_invariants(self.published)
+
+    @property
+    def published(self) -> list[CallEvent]:
+        assert self.effects is not None
+        return [e.event for e in self.effects if isinstance(e, Publish)]
+
+    def sent(self, kind: type) -> list[Effect]:
+        assert self.effects is not None
+        return [e for e in self.effects if isinstance(e, kind)]
+
+
+def check_invariants(events: list[CallEvent]) -> None:
+    types = [e.type for e in events]
+    if not types:
+        return
+    assert types[0] == "call_start" and types.count("call_start") == 1, types
+    assert types.count("call_end") <= 1, types
+    if "call_end" in types:
+        assert types[-1] == "call_end", types
+
+
+SETUP: list[Step] = [
+    (OFFER, ["OpenAsr caller en-US"]),
+    (ASR_OK, ["Publish call_start", "OpenMedia caller PCMU"]),
+    (PORT, ["Answer"]),
+    (ACK, []),
+]
+ENDS_CLEANLY: list[Step] = [
+    (CLOSED, ["FinishAsr caller"]),
+    (FINAL, ["Publish final"]),
+]
+
+SCRIPTS: dict[str, tuple[list[Step], CallState]] = {
+    "offer/answer, the caller hangs up": (
+        [*SETUP, (PARTIAL, ["Publish partial"]), (BYE, ["CloseMedia caller"]), *ENDS_CLEANLY,
+         (FINISHED, ["Publish call_end bye asr=finished"])],
+        CallState.ENDED,
+    ),
+    "the gateway hangs up at shutdown (drain over)": (
+        [*SETUP, (Shutdown(), ["Hangup shutdown", "CloseMedia caller"]), *ENDS_CLEANLY,
+         (FINISHED, ["Publish call_end shutdown asr=finished"])],
+        CallState.ENDED,
+    ),
+    "BYEs cross: ours for the RTP timeout, theirs arrives after": (
+        [*SETUP, (MediaInactive("caller"), ["Hangup rtp_timeout", "CloseMedia caller"]), (BYE, []),
+         *ENDS_CLEANLY, (FINISHED, ["Publish call_end rtp_timeout asr=finished"])],
+        CallState.ENDED,
+    ),
+    "a BYE overtakes the ACK": (
+        [*SETUP[:3], (BYE, ["CloseMedia caller"]), (ACK, []), *ENDS_CLEANLY,
+         (FINISHED, ["Publish call_end bye asr=finished"])],
+        CallState.ENDED,
+    ),
+    "no ACK for our 2xx: BYE (RFC 3261 §13.3.1.4)": (
+        [*SETUP[:3], (AckTimedOut(), ["Hangup no_ack", "CloseMedia caller"]), *ENDS_CLEANLY,
+         (FINISHED, ["Publish call_end no_ack asr=finished"])],
+        CallState.ENDED,
+    ),
+    "delayed offer: our 2xx offers, the ACK answers": (
+        [(DELAYED, ["OpenAsr caller en-US"]), (ASR_OK, ["Publish call_start", "OpenMedia caller offer"]),
+         (PORT, ["Answer"]), (Acked(PCMA_ANSWER.encode()), ["UpdateMedia caller PCMA 127.0.0.1:6000"])],
+        CallState.ACTIVE,
+    ),
+    "delayed offer whose ACK has no answer: BYE": (
+        [(DELAYED, ["OpenAsr caller en-US"]), (ASR_OK, ["Publish call_start", "OpenMedia caller offer"]),
+         (PORT, ["Answer"]), (ACK, ["Hangup error", "CloseMedia caller"]), *ENDS_CLEANLY,
+         (FINISHED, ["Publish call_end error asr=finished"])],
+        CallState.ENDED,
+    ),
+    "re-INVITE: codec and address change, a broken re-offer, a refresh, hold and resume": (
+        [*SETUP,
+         (reinvite(MOVED_PCMA), ["UpdateMedia caller PCMA 127.0.0.2:7000", "AnswerReoffer"]),
+         (reinvite("v=0\r\nbogus\r\n"), ["RejectReoffer 400"]),  # RFC 3264 §8: the session stays
+         (reinvite(), ["AnswerReoffer"]),  # no offer: ours again, the ACK answers
+         (ReofferAcked(PCMA_ANSWER.encode()), ["UpdateMedia caller PCMA 127.0.0.1:6000"]),
+         (reinvite(HOLD), ["UpdateMedia caller PCMU 127.0.0.1:6000 hold", "AnswerReoffer"]),
+         (reinvite(HOLD_NULL), ["UpdateMedia caller PCMU 0.0.0.0:6000 hold", "AnswerReoffer"]),
+         (reinvite(RESUME), ["UpdateMedia caller PCMU 127.0.0.1:6000", "AnswerReoffer"])],
+        CallState.ACTIVE,
+    ),
+    "CANCEL while the ASR stream opens: nothing published": (
+        [(OFFER, ["OpenAsr caller en-US"]), (Cancelled(), []), (ASR_OK, ["CloseAsr caller"])],
+        CallState.ENDED,
+    ),
+    "CANCEL while the RTP port opens: the port is closed when it arrives": (
+        [*SETUP[:2], (Cancelled(), []), (PORT, ["CloseMedia caller"]), *ENDS_CLEANLY,
+         (FINISHED, ["Publish call_end cancel asr=finished"])],
+        CallState.ENDED,
+    ),
+    "CANCEL crossing our 200: too late, the call goes on (RFC 3261 §9.2)": (
+        [*SETUP[:3], (Cancelled(), []), (ACK, []), (BYE, ["CloseMedia caller"]), *ENDS_CLEANLY,
+         (FINISHED, ["Publish call_end bye asr=finished"])],
+        CallState.ENDED,
+    ),
+    "the engine ends the stream mid-call: BYE, call_end without finishing a dead stream": (
+        [*SETUP, (ENGINE_FAILED, ["Hangup error", "CloseMedia caller"]),
+         (CLOSED, ["Publish call_end error asr=error"])],
+        CallState.ENDED,
+    ),
+    "the stream refuses audio: BYE": (
+        [*SETUP, (AudioRefused("caller", "stream has ended"), ["Hangup error", "CloseMedia caller"])],
+        CallState.ENDING,
+    ),
+    "no RTP port (pool exhausted): 503, the stream still finishes and call_end is published": (
+        [*SETUP[:2], (MediaFailed("caller", "no port", exhausted=True), ["Reject 503", "FinishAsr caller"]),
+         (FINAL, ["Publish final"]), (FINISHED, ["Publish call_end error asr=finished"])],
+        CallState.ENDED,
+    ),
+    "a live leg's media is lost (its receiver died): BYE, the stream still finishes": (
+        [*SETUP, (MediaFailed("caller", "gone", exhausted=False), ["Hangup error", "FinishAsr caller"]),
+         (FINAL, ["Publish final"]), (FINISHED, ["Publish call_end error asr=finished"])],
+        CallState.ENDED,
+    ),
+    "the media fails for another reason: 500": (
+        [*SETUP[:2], (MediaFailed("caller", "bug", exhausted=False), ["Reject 500", "FinishAsr caller"])],
+        CallState.ENDING,
+    ),
+    "shutdown while the ASR stream opens: 503, nothing published": (
+        [(OFFER, ["OpenAsr caller en-US"]), (Shutdown(), ["Reject 503"])],
+        CallState.ENDED,
+    ),
+    "shutdown while the port opens: 503 and call_end": (
+        [*SETUP[:2], (Shutdown(), ["Reject 503"]), (PORT, ["CloseMedia caller"]), *ENDS_CLEANLY,
+         (FINISHED, ["Publish call_end shutdown asr=finished"])],
+        CallState.ENDED,
+    ),
+    "the engine refuses the stream: 503, nothing published": (
+        [(OFFER, ["OpenAsr caller en-US"]), (AsrRefused("caller", "engine stopped"), ["Reject 503"])],
+        CallState.ENDED,
+    ),
+    "an offer without a common codec: 488, nothing published": (
+        [(Offered(sip(invite(body=SDP_OFFER.replace("RTP/AVP 0 8 101", "RTP/AVP 18"))), UDP, "127.0.0.1"),
+          ["Reject 488"])],
+        CallState.ENDED,
+    ),
+    "a failure before the offer is taken: 500, nothing published": (
+        [(Failed("the offer could not be read"), ["Reject 500"])],
+        CallState.ENDED,
+    ),
+    "an adapter failure ends the call as an error": (
+        [*SETUP, (Failed("boom"), ["Hangup error", "CloseMedia caller"])],
+        CallState.ENDING,
+    ),
+    "the stream does not end in time: closed, call_end with asr=timeout": (
+        [*SETUP, (BYE, ["CloseMedia caller"]), (CLOSED, ["FinishAsr caller"]),
+         (TIMER, ["CloseAsr caller", "Publish call_end bye asr=timeout"]), (FINISHED, [])],
+        CallState.ENDED,
+    ),
+    "DTMF and transcripts go out between call_start and call_end, nothing after": (
+        [*SETUP, (Dtmf("caller", "5", 1200, 160), ["Publish dtmf"]), (BYE, ["CloseMedia caller"]),
+         (Dtmf("caller", "#", 2000, 100), ["Publish dtmf"]),  # flushed by the media close
+         *ENDS_CLEANLY, (FINISHED, ["Publish call_end bye asr=finished"]),
+         (Dtmf("caller", "1", 3000, 100), []), (PARTIAL, []), (MediaInactive("caller"), [])],
+        CallState.ENDED,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_scripted_call(name: str) -> None:
+    steps, final_state = SCRIPTS[name]
+    d = Driver.new()
+    d.run(steps)
+    assert d.core.state is final_state
+
+
+LATE = [Cancelled(), AckTimedOut(), ASR_OK, PORT, ACK, ReofferAcked(), AsrRefused("caller", "x")]
+LATE += [Dtmf("no-such-leg", "1", 0, 1)]
+
+
+@pytest.mark.parametrize("late", LATE, ids=lambda e: type(e).__name__)
+def test_an_input_the_state_does_not_list_changes_nothing(late: CallInput) -> None:
+    # Races with nothing left to do (a CANCEL after our 200, a duplicate result, an unknown leg) ...
+    d = Driver.new()
+    d.run(SETUP)
+    assert d.feed(late) == [] and d.core.state is CallState.ACTIVE
+    # ... and the call still ends in order: its media closed, its stream finished.
+    d.run([(BYE, ["CloseMedia caller"]), *ENDS_CLEANLY, (FINISHED, ["Publish call_end bye asr=finished"])])
+
+
+def test_the_answer_carries_our_port_recvonly_and_our_address_in_contact() -> None:
+    d = Driver.new(contact_hosts=("", "0.0.0.0"), media_hosts=("203.0.113.5",))
+    d.run(SETUP[:3])
+    (answer,) = d.sent(Answer)
+    assert isinstance(answer, Answer)
+    body = answer.sdp.decode()
+    assert "m=audio 20000 RTP/AVP 0 101" in body and "a=recvonly" in body and "c=IN IP4 203.0.113.5" in body
+    assert answer.contact_host == "127.0.0.1"  # wildcards skipped: our address toward the caller
+
+
+def test_a_hold_offer_to_the_null_address_is_answered_inactive() -> None:
+    d = Driver.new()
+    d.run(SETUP)
+    d.feed(reinvite(HOLD_NULL))
+    reply = d.sent(AnswerReoffer)[-1]
+    assert isinstance(reply, AnswerReoffer) and b"a=inactive" in reply.sdp
+
+
+def test_a_refresh_reoffer_repeats_our_sdp_with_the_same_version() -> None:
+    d = Driver.new()
+    d.run(SETUP)
+    d.feed(reinvite(MOVED_PCMA))
+    d.feed(reinvite())
+    first, refresh = d.sent(AnswerReoffer)
+    assert isinstance(first, AnswerReoffer) and isinstance(refresh, AnswerReoffer)
+    assert first.sdp == refresh.sdp
+
+
+def test_delayed_offer_offers_every_allowed_codec_and_call_start_has_no_codec_yet() -> None:
+    d = Driver.new()
+    d.run([(DELAYED, ["OpenAsr caller en-US"]), (ASR_OK, ["Publish call_start", "OpenMedia caller offer"])])
+    d.feed(PORT)
+    (answer,) = d.sent(Answer)
+    assert isinstance(answer, Answer)
+    assert b"m=audio 20000 RTP/AVP 0 8 13 101" in answer.sdp and b"a=recvonly" in answer.sdp
+    assert d.published[0].extra["codec"] == ""
+
+
+def test_call_start_carries_the_invite_metadata_and_call_end_the_legs_numbers() -> None:
+    d = Driver.new(model_name="demo")
+    d.run([*SETUP, (Dtmf("caller", "5", 1200, 160), ["Publish dtmf"]), (BYE, ["CloseMedia caller"])])
+    d.feed(CLOSED, dt=2.0)
+    d.feed(FINAL)
+    d.feed(FINISHED)
+    start, dtmf, final, end = d.published
+    assert start.extra["model"] == "demo" and start.extra["codec"] == "PCMU"
+    assert start.extra["language_source"] == "default" and start.extra["ani"] == "alice"
+    assert (start.sip_call_id, start.lang, start.ts) == ("call-1@127.0.0.1", "en-US", WALL)
+    assert start.leg == dtmf.leg == final.leg == end.leg == "caller"
+    assert (dtmf.text, dtmf.start_ms, dtmf.end_ms) == ("5", 1200, 1360)
+    assert (final.text, final.end_ms, final.lang) == ("hello", 640, "en-US")
+    assert end.extra["reason"] == "bye" and end.extra["duration_ms"] == "3000"  # INVITE (t=100) to BYE
+    assert (end.extra["audio_ms"], end.extra["dtmf_events"], end.extra["rtp_packets"]) == ("1000", "1", "50")
+    assert (end.extra["asr"], end.extra["asr_dropped_chunks"]) == ("finished", "0")
+
+
+def test_a_detected_language_is_the_transcripts_language() -> None:
+    d = Driver.new()
+    d.run(SETUP)
+    d.feed(
+        Transcript("caller", TranscriptEvent(CALL, "final", 0, "привіт", 0, 640, detected_language="uk-UA"))
+    )
+    assert d.published[-1].lang == "uk-UA"
+
+
+def test_an_unknown_language_falls_back_to_the_default_and_then_is_refused() -> None:
+    d = Driver.new(default_language="en-US")
+    d.run(
+        [
+            (Offered(sip(invite(extra=("X-Language: xx-YY",))), UDP, "127.0.0.1"), ["OpenAsr caller xx-YY"]),
+            (AsrRefused("caller", "no prompt for xx-YY", unknown_language=True), ["OpenAsr caller en-US"]),
+            (ASR_OK, ["Publish call_start", "OpenMedia caller PCMU"]),
+        ]
+    )
+    assert d.published[0].lang == "en-US"
+    d = Driver.new(default_language="zz-ZZ")
+    d.run(
+        [
+            (OFFER, ["OpenAsr caller zz-ZZ"]),
+            (AsrRefused("caller", "no prompt for zz-ZZ", unknown_language=True), ["Reject 503"]),
+        ]
+    )
+
+
+def test_the_answer_delay_rings_first_and_answers_at_its_deadline() -> None:
+    d = Driver.new(answer_delay_s=1.5)
+    d.run([*SETUP[:2], (PORT, ["Ring"])])
+    assert d.core.next_deadline() == pytest.approx(d.now + 1.5)
+    assert d.core.handle_timer(d.now + 1.0) == []  # an early wake-up changes nothing
+    d.run([(MediaInactive("caller"), []), (TIMER, ["Answer"])])  # no RTP timeout before the answer
+    assert d.core.state is CallState.ANSWERED and d.core.next_deadline() is None
+
+
+def test_cancel_while_ringing_ends_the_call_with_its_port_closed() -> None:
+    d = Driver.new(answer_delay_s=5.0)
+    d.run([*SETUP[:2], (PORT, ["Ring"]), (Cancelled(), ["CloseMedia caller"]), *ENDS_CLEANLY])
+    d.run([(FINISHED, ["Publish call_end cancel asr=finished"])])
+
+
+def test_the_finish_timer_starts_at_the_hang_up() -> None:
+    d = Driver.new(finish_timeout_s=2.0)
+    d.run([*SETUP, (BYE, ["CloseMedia caller"])])
+    assert d.core.next_deadline() == pytest.approx(d.now + 2.0)
+
+
+TWO_STREAMS = SDP_OFFER + "".join(SDP_OFFER.partition("m=audio 6000")[1:]).replace(
+    "m=audio 6000", "m=audio 6002"
+)
+
+
+def test_a_call_of_two_legs_opens_answers_and_ends_them_together() -> None:
+    callee_final = Transcript("callee", TranscriptEvent(CALL, "final", 0, "hi", 0, 320))
+    d = Driver.new(leg_names=("caller", "callee"))
+    d.run(
+        [
+            (
+                Offered(sip(invite(body=TWO_STREAMS)), UDP, "127.0.0.1"),
+                ["OpenAsr caller en-US", "OpenAsr callee en-US"],
+            ),
+            (ASR_OK, []),  # call_start waits for every leg's stream
+            (AsrOpened("callee"), ["Publish call_start", "OpenMedia caller PCMU", "OpenMedia callee PCMU"]),
+            (PORT, []),  # the answer waits for every leg's port
+            (MediaOpened("callee", 20002), ["Answer"]),
+            (ACK, []),
+            (callee_final, ["Publish final"]),
+            (BYE, ["CloseMedia caller", "CloseMedia callee"]),
+            (CLOSED, ["FinishAsr caller"]),
+            (FINISHED, []),  # call_end waits for the other leg
+            (MediaClosed("callee", {"rtp_packets": "9"}, 500), ["FinishAsr callee"]),
+            (AsrEnded("callee", StreamEnded(f"{CALL}:callee", "finished")), ["Publish call_end bye asr=-"]),
+        ]
+    )
+    assert [(e.leg, e.stream_id) for e in d.sent(OpenAsr) if isinstance(e, OpenAsr)] == [
+        ("caller", CALL),
+        ("callee", f"{CALL}:callee"),
+    ]
+    (answer,) = d.sent(Answer)
+    assert isinstance(answer, Answer)
+    assert b"m=audio 20000 " in answer.sdp and b"m=audio 20002 " in answer.sdp  # each stream, its port
+    start, final, end = d.published
+    assert final.leg == "callee" and start.leg == end.leg == "caller"
+    assert (end.extra["caller_rtp_packets"], end.extra["callee_rtp_packets"]) == ("50", "9")
+    assert (end.extra["caller_audio_ms"], end.extra["callee_audio_ms"]) == ("1000", "500")
+
+
+def test_a_trunk_call_takes_only_the_first_of_two_audio_streams() -> None:
+    d = Driver.new()
+    d.run([(Offered(sip(invite(body=TWO_STREAMS)), UDP, "127.0.0.1"), ["OpenAsr caller en-US"])])
+    d.run([(ASR_OK, ["Publish call_start", "OpenMedia caller PCMU"]), (PORT, ["Answer"])])
+    (answer,) = d.sent(Answer)
+    assert isinstance(answer, Answer) and b"m=audio 0 " in answer.sdp  # the second one refused
