@@ -106,6 +106,9 @@ class SipSettings(BaseModel):
         20, ge=1, description="INVITEs a source may send at once before the rate applies"
     )
     retry_after_s: int = Field(5, ge=0, description="Retry-After of 503 answers (capacity, rate, draining)")
+    max_engine_lag_ms: int = Field(
+        3000, ge=0, description="ASR engine lag (for 2 s) past which new calls get 503 + Retry-After; 0 = off"
+    )
     language_header: str = Field("X-Language", description="INVITE header naming the call's language")
     dnis_languages: dict[str, str] = Field(
         default_factory=dict,
@@ -236,6 +239,12 @@ class DaemonSettings(BaseModel):
         description="After hanging up at shutdown, longest wait for the calls' finals and call_end events",
     )
     uvloop: bool = Field(True, description="Run the event loop on uvloop when it is installed")
+    media_workers: int = Field(
+        -1,
+        ge=-1,
+        description="Media worker processes (RTP + ASR front end; the engine then runs in a process of its "
+        "own); 0 = all in one process; -1 = auto",
+    )
 
 
 class LogSettings(BaseModel):
