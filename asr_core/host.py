@@ -291,8 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         inputs = [ChannelReader.open(ChannelEnd.decode(x)) for x in args.inputs.split(",") if x]
         engine = AsrEngine(model, config, _WireHooks(out), on_fatal=on_fatal).start()
     except Exception as e:
-        logger.exception("the engine did not start")
-        _send(control, {"failed": f"{type(e).__name__}: {e}"})
+        if not isinstance(e, AsrError):  # a bad bundle is the operator's to fix: one line, no traceback
+            logger.exception("the engine did not start")
+        _send(control, {"failed": str(e), "kind": type(e).__name__})
         return 1
     host = EngineHost(engine, inputs, out)
     host.start()

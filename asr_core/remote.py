@@ -137,6 +137,7 @@ class EngineProcess:
         self._control: socket.socket | None = None
         self._control_buf = b""
         self.exit_status: int | None = None
+        self.start_error: tuple[str, str] | None = None  # (exception type, message) of a failed start
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -179,6 +180,7 @@ class EngineProcess:
                     self.info = dict(msg.get("info", {}))
                 elif "failed" in msg:
                     self.wait(10)
+                    self.start_error = (str(msg.get("kind", "")), str(msg["failed"]))
                     raise EngineStoppedError(f"the engine process failed to start: {msg['failed']}")
             if self.proc.poll() is not None and self.spec is None:
                 raise EngineStoppedError(f"the engine process exited with status {self.proc.returncode}")

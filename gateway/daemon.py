@@ -364,7 +364,6 @@ class DaemonReadiness(Readiness):
 
     engine_failed: bool = False
     engine_behind: str = ""  # why new calls are refused (the engine's lag), "" while it keeps up
-    workers_lost: int = 0  # media worker processes that died
 
     def reasons(self) -> list[str]:
         out = super().reasons()
@@ -372,8 +371,6 @@ class DaemonReadiness(Readiness):
             out.insert(0, "ASR engine failed")
         if self.engine_behind:
             out.append(self.engine_behind)
-        if self.workers_lost:
-            out.append(f"{self.workers_lost} media worker process(es) died")
         return out
 
 
@@ -637,6 +634,8 @@ class Daemon:
             ) from None
         self.readiness.details["active_calls"] = lambda: self.frontend.active_calls
         self.readiness.details["engine_lag_s"] = lambda: round(self.overload.lag_s, 3)
+        if self.pool is not None:
+            self.readiness.details["media_workers"] = lambda: self.pool.alive
         self.readiness.model_loaded = True
         self._tasks.add(asyncio.create_task(self._watch_engine()))
         logger.info(
@@ -722,11 +721,17 @@ class Daemon:
         self._engine_failed(RuntimeError(error))
 
     def _worker_died(self, index: int, legs: list[str]) -> None:
+        """A media worker is gone: its calls end as errors (WorkerLegs); the others go on. With none
+        left no call can be taken: exit non-zero so that the supervisor starts a fresh gateway."""
         from gateway import metrics
 
-        self.readiness.workers_lost += 1
         metrics.MEDIA_WORKERS.set(self.pool.alive)
-        self.legs._worker_died(index, legs)
+        self.legs.worker_died(index, legs)
+        if self.pool.alive == 0 and not self._stop.is_set():
+            logger.critical("every media worker died: exiting with status %d", EXIT_FAILURE)
+            self.exit_code = EXIT_FAILURE
+            self._hurry = True
+            self._stop.set()
 
     async def _watch_engine(self) -> None:
         """The engine's lag -> admission (503 while far behind), /readyz and the metrics."""
@@ -928,10 +933,13 @@ def _main_with_workers(settings: Settings, workers: int) -> int:
         try:
             engine.start(timeout=ENGINE_START_TIMEOUT_S)
         except EngineStoppedError as e:
-            message = back(str(e))
-            print(f"ttg serve: cannot load the model bundle {choice.dir}: {message}", file=sys.stderr)
             engine.close()
-            return EXIT_CONFIG if "BundleError" in message else EXIT_FAILURE
+            kind, message = engine.start_error or ("", str(e))
+            if kind == "BundleError":
+                print(f"ttg serve: cannot load the model bundle: {back(message)}", file=sys.stderr)
+                return EXIT_CONFIG
+            print(f"ttg serve: the ASR engine process did not start: {back(message)}", file=sys.stderr)
+            return EXIT_FAILURE
         except KeyboardInterrupt:
             engine.kill()
             engine.close()

@@ -21,7 +21,6 @@ then AsrEnded). The engine process that dies: every stream gets AsrEnded(error).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import Sequence
@@ -88,7 +87,7 @@ class WorkerLegs:
         self._events: LegEvents | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         pool.on_event = self._worker_event
-        pool.on_worker_died = self._worker_died
+        pool.on_worker_died = self.worker_died
 
     # -- the Legs protocol -----------------------------------------------------------------------
 
@@ -241,7 +240,7 @@ class WorkerLegs:
             metrics.RTP_TIMEOUTS.inc()
             self._deliver(leg, MediaInactive(leg.name))
 
-    def _worker_died(self, index: int, leg_ids: list[str]) -> None:
+    def worker_died(self, index: int, leg_ids: list[str]) -> None:
         for leg_id in leg_ids:
             leg = self._by_id.get(leg_id)
             if leg is not None:
@@ -262,5 +261,4 @@ class WorkerLegs:
 
     def _deliver(self, leg: _Leg, event: LegInput) -> None:
         if self._events is not None and self._calls.get(leg.call_id, {}).get(leg.name) is leg:
-            with contextlib.suppress(Exception):
-                self._events.leg_event(leg.call_id, event)
+            self._events.leg_event(leg.call_id, event)
