@@ -138,6 +138,7 @@ class EngineProcess:
         self._control_buf = b""
         self.exit_status: int | None = None
         self.start_error: tuple[str, str] | None = None  # (exception type, message) of a failed start
+        self.control_eof = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -212,7 +213,7 @@ class EngineProcess:
         for msg in self._read_control(block=False):
             if "fatal" in msg:
                 self.failure = str(msg["fatal"])
-        if self._control is None or (self.proc is not None and self.proc.poll() is not None):
+        if self.control_eof or (self.proc is not None and self.proc.poll() is not None):
             if self.failure is None and self.exit_status is None:
                 self.failure = (
                     f"the engine process exited (status {self.proc.returncode if self.proc else '?'})"
@@ -266,7 +267,7 @@ class EngineProcess:
 
     def _read_control(self, *, block: bool) -> list[dict[str, Any]]:
         sock = self._control
-        if sock is None:
+        if sock is None or self.control_eof:
             return []
         msgs: list[dict[str, Any]] = []
         while True:
@@ -277,9 +278,7 @@ class EngineProcess:
             except OSError:
                 data = b""
             if not data:
-                self._control = None
-                with contextlib.suppress(OSError):
-                    sock.close()
+                self.control_eof = True  # the engine process is gone (the socket is closed by close())
                 break
             self._control_buf += data
             if block:

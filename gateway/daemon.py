@@ -843,8 +843,7 @@ class Daemon:
         engine = self.engine_process
         self._engine_stopping = True
         loop = asyncio.get_running_loop()
-        for fd in (engine.control_fileno if engine._control is not None else None,
-                   engine.results.fileno() if engine.results is not None else None):  # fmt: skip
+        for fd in (engine.control_fileno, engine.results.fileno() if engine.results is not None else None):
             if fd is not None:
                 with contextlib.suppress(ValueError, OSError):
                     loop.remove_reader(fd)

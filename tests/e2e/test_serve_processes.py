@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.sink.audit import audit, read_stream
-from tests.e2e.conftest import DATA, STREAM, Serve, Speech, sipp_calls, until
+from tests.e2e.conftest import DATA, SIPP_DATA, STREAM, Serve, Speech, sipp_calls, until
 
 pytestmark = [pytest.mark.sipp, pytest.mark.redis, pytest.mark.slow]
 
@@ -83,10 +83,10 @@ async def test_a_media_worker_that_dies_ends_its_calls_as_errors_and_the_gateway
     before = len(read_stream(redis_url, STREAM))
     await until(lambda: len(read_stream(redis_url, STREAM)) > before + 2, "more transcripts", timeout_s=30)
     newcomer = await asyncio.to_thread(
-        sipp_calls, gw.sip_port, DATA / "uac_stream_until_bye.xml", tmp_path / "newcomer",
-        speech=short_speech, calls=1, loops=2, timeout_s=60,
+        sipp_calls, gw.sip_port, SIPP_DATA / "uac_stream.xml", tmp_path / "newcomer",
+        speech=short_speech, hold_ms=short_speech.ms + 1500, timeout_s=60,
     )  # fmt: skip
-    del newcomer  # it ends by the gateway's BYE at shutdown or by itself; the audit below checks it
+    assert newcomer.stats.get("SuccessfulCall(C)") == 1, newcomer.stderr + newcomer.errors
 
     gw.signal(signal.SIGTERM)
     assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
@@ -103,7 +103,9 @@ async def test_a_media_worker_that_dies_ends_its_calls_as_errors_and_the_gateway
         events = report.calls[(end["call_id"], "caller")]
         # What the engine had decoded when the worker died still came out as finals.
         assert any(f["type"] == "final" and f["text"] for f in events), events
-    assert len(ends) == 5 and all(e["reason"] in ("error", "shutdown", "bye") for e in ends), ends
+    assert len(ends) == 5 and all(e["reason"] in ("error", "shutdown", "bye") for e in ends), [
+        (e["reason"], e.get("asr")) for e in ends
+    ]
 
 
 async def test_the_engine_process_dying_ends_every_call_and_exits_1(
