@@ -43,6 +43,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Self
 
 HEADER = struct.Struct("<IHH")  # payload length, kind, reserved
 ALIGN = 8
@@ -286,27 +287,40 @@ class _Link:
             self.sock.close()
 
 
-class ChannelWriter:
-    """The writing end: `write` records, `flush` once per batch (publishes them and wakes the reader)."""
+class _End:
+    """What both ends share: the memory, the socket link, EOF, closing."""
 
     def __init__(self, memory: SharedMemory, sock: socket.socket) -> None:
         self.memory = memory
-        self.ring = RingWriter(memory.buf)
         self._link = _Link(sock)
-        self._sent = 0
-        self.records = 0
-        self.flushes = 0
 
     @classmethod
-    def open(cls, end: ChannelEnd) -> ChannelWriter:
+    def open(cls, end: ChannelEnd) -> Self:
+        """This process's end from inherited fds."""
         return cls(SharedMemory.attach(end.memory_fd, end.size), socket.socket(fileno=end.socket_fd))
 
     @property
     def closed(self) -> bool:
+        """The peer is gone (a reader still reads what it published before)."""
         return self._link.closed
 
     def fileno(self) -> int:
         return self._link.fileno()
+
+    def close(self) -> None:
+        self._link.close()
+        self.memory.close()
+
+
+class ChannelWriter(_End):
+    """The writing end: `write` records, `flush` once per batch (publishes them and wakes the reader)."""
+
+    def __init__(self, memory: SharedMemory, sock: socket.socket) -> None:
+        super().__init__(memory, sock)
+        self.ring = RingWriter(memory.buf)
+        self._sent = 0
+        self.records = 0
+        self.flushes = 0
 
     def write(self, kind: int, *parts: bytes | bytearray | memoryview) -> bool:
         """Copy one record in; False when the ring is full even after hearing from the reader."""
@@ -336,33 +350,16 @@ class ChannelWriter:
             return True
         return False
 
-    def close(self) -> None:
-        self._link.close()
-        self.memory.close()
 
-
-class ChannelReader:
+class ChannelReader(_End):
     """The reading end: when `fileno()` is readable, `poll()` the records, then `release()` them."""
 
     def __init__(self, memory: SharedMemory, sock: socket.socket) -> None:
-        self.memory = memory
+        super().__init__(memory, sock)
         self.ring = RingReader(memory.buf)
-        self._link = _Link(sock)
         self._owed: int | None = None  # a head the socket did not take yet
         self._sent_head = 0
         self.release_every = memory.size // 8
-
-    @classmethod
-    def open(cls, end: ChannelEnd) -> ChannelReader:
-        return cls(SharedMemory.attach(end.memory_fd, end.size), socket.socket(fileno=end.socket_fd))
-
-    @property
-    def closed(self) -> bool:
-        """The writer is gone (its records published before that are still read)."""
-        return self._link.closed
-
-    def fileno(self) -> int:
-        return self._link.fileno()
 
     def poll(self) -> Iterator[tuple[int, memoryview]]:
         """Records published since the last poll; views valid until `release`."""
@@ -384,10 +381,6 @@ class ChannelReader:
     def _all_read(self) -> bool:
         # Everything published is consumed: tell the writer, which may be waiting for room.
         return self.ring.head == self.ring.tail and self.ring.head != self._sent_head
-
-    def close(self) -> None:
-        self._link.close()
-        self.memory.close()
 
 
 def channel_pair(

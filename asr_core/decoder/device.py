@@ -30,6 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from asr_core.decoder.greedy import Emission
+from asr_core.decoder.mlx_rnnt import MlxRnnt
 from asr_core.decoder.numpy_rnnt import RnntWeights
 
 
@@ -61,27 +62,16 @@ class DeviceDecoder:
         self.blank_id = blank_id
         self.max_symbols = max_symbols
         self.dtype = dtype
-        self.layers = len(weights.lstm)
-        self.hidden = weights.hidden
-        self.joint = int(weights.proj_w.shape[0])
-        self._emb = mx.array(weights.embedding, dtype=dtype)
-        self._lstm = [
-            (
-                mx.array(la.w_ih.T, dtype=dtype),
-                mx.array(la.w_hh.T, dtype=dtype),
-                mx.array(la.bias, dtype=dtype),
-            )
-            for la in weights.lstm
-        ]
-        self._proj = (mx.array(weights.proj_w.T, dtype=dtype), mx.array(weights.proj_b, dtype=dtype))
-        self._head = (mx.array(weights.head_w.T, dtype=dtype), mx.array(weights.head_b, dtype=dtype))
+        self.net = MlxRnnt(weights, dtype)
+        self.layers, self.hidden = self.net.layers, self.net.hidden
+        self.width = int(weights.proj_w.shape[0])  # J: the joint's input width
         step = self._iteration
         self._step = mx.compile(step) if compile else step
         # The state every stream starts from: the predictor primed with blank (greedy.py's reset).
         zeros = mx.zeros((self.layers, 1, self.hidden), dtype=dtype)
-        g0, h0, c0 = self._predict(mx.array([blank_id], dtype=mx.int32), zeros, zeros)
+        g0, h0, c0 = self.net.predict(mx.array([blank_id], dtype=mx.int32), zeros, zeros)
         self._g0, self._h0, self._c0 = g0[0], h0[:, 0], c0[:, 0]
-        self._g = mx.zeros((0, self.joint), dtype=dtype)
+        self._g = mx.zeros((0, self.width), dtype=dtype)
         self._h = mx.zeros((self.layers, 0, self.hidden), dtype=dtype)
         self._c = mx.zeros((self.layers, 0, self.hidden), dtype=dtype)
         self._capacity = 0
@@ -114,7 +104,7 @@ class DeviceDecoder:
 
     def _grow(self, capacity: int) -> None:
         add = capacity - self._capacity
-        self._g = mx.concatenate([self._g, mx.zeros((add, self.joint), dtype=self.dtype)])
+        self._g = mx.concatenate([self._g, mx.zeros((add, self.width), dtype=self.dtype)])
         self._h = mx.concatenate(
             [self._h, mx.zeros((self.layers, add, self.hidden), dtype=self.dtype)], axis=1
         )
@@ -151,7 +141,7 @@ class DeviceDecoder:
         # Rows padded to a few sizes so the compiled iteration is traced for few shapes; a padding
         # row has no frames (never active) and reads slot 0's state, which it never writes.
         bp = _bucket(n)
-        padded = np.zeros((bp, _time_bucket(t_max), self.joint), np.float32)
+        padded = np.zeros((bp, _time_bucket(t_max), self.width), np.float32)
         for i, f in enumerate(frames):
             padded[i, : f.shape[0]] = f
         slot_rows = np.zeros(bp, np.int32)
@@ -209,10 +199,9 @@ class DeviceDecoder:
     ) -> tuple[mx.array, ...]:
         active = t < lens
         f = feats[rows, mx.minimum(t, feats.shape[1] - 1)]
-        logits = mx.maximum(f + g, 0) @ self._head[0] + self._head[1]
-        k = mx.argmax(logits, axis=1).astype(mx.int32)
+        k = mx.argmax(self.net.joint(f, g), axis=1).astype(mx.int32)
         emit = active & (k != self.blank_id)
-        g_new, h_new, c_new = self._predict(mx.where(emit, k, self.blank_id), h, c)
+        g_new, h_new, c_new = self.net.predict(mx.where(emit, k, self.blank_id), h, c)
         e = emit[:, None]
         g = mx.where(e, g_new, g)
         h = mx.where(e[None], h_new, h)
@@ -223,15 +212,3 @@ class DeviceDecoder:
         t = t + advance.astype(mx.int32)
         sym = mx.where(advance, 0, sym)
         return k, emit, t_now, t, sym, g, h, c
-
-    def _predict(self, tokens: mx.array, h: mx.array, c: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        x = self._emb[tokens]
-        hs, cs = [], []
-        for i, (w_ih, w_hh, b) in enumerate(self._lstm):
-            gates = x @ w_ih + h[i] @ w_hh + b
-            gi, gf, gg, go = mx.split(gates, 4, axis=1)
-            c_i = mx.sigmoid(gf) * c[i] + mx.sigmoid(gi) * mx.tanh(gg)
-            x = mx.sigmoid(go) * mx.tanh(c_i)
-            hs.append(x)
-            cs.append(c_i)
-        return x @ self._proj[0] + self._proj[1], mx.stack(hs), mx.stack(cs)

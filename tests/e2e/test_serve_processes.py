@@ -10,6 +10,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,16 @@ def _children(pid: int) -> dict[int, str]:
         except (OSError, IndexError, ValueError):
             continue
     return out
+
+
+def _callers(gw: Serve, speech: Speech, workdir: Path, n: int) -> asyncio.Task[Any]:
+    """n callers that keep talking (their file in a loop) until the gateway hangs up."""
+    return asyncio.create_task(
+        asyncio.to_thread(
+            sipp_calls, gw.sip_port, DATA / "uac_stream_until_bye.xml", workdir,
+            speech=speech, calls=n, rate=20, loops=-1, timeout_s=90,
+        )
+    )  # fmt: skip
 
 
 def _talking(redis_url: str, n: int) -> Callable[[], bool]:
@@ -57,12 +68,7 @@ async def test_a_media_worker_that_dies_ends_its_calls_as_errors_and_the_gateway
 ) -> None:
     gw = workers_gateway
     await asyncio.to_thread(gw.start)
-    callers = asyncio.create_task(
-        asyncio.to_thread(
-            sipp_calls, gw.sip_port, DATA / "uac_stream_until_bye.xml", tmp_path / "callers",
-            speech=short_speech, calls=4, rate=20, loops=-1, timeout_s=90,
-        )
-    )  # fmt: skip
+    callers = _callers(gw, short_speech, tmp_path / "callers", 4)
     await until(_talking(redis_url, 4), "4 calls transcribing", timeout_s=60, detail=gw.log_tail)
     workers = {pid: cmd for pid, cmd in _children(gw.pid).items() if "gateway.workers.media_worker" in cmd}
     assert len(workers) == 2, workers
@@ -113,12 +119,7 @@ async def test_the_engine_process_dying_ends_every_call_and_exits_1(
 ) -> None:
     gw = workers_gateway
     await asyncio.to_thread(gw.start)
-    callers = asyncio.create_task(
-        asyncio.to_thread(
-            sipp_calls, gw.sip_port, DATA / "uac_stream_until_bye.xml", tmp_path / "callers",
-            speech=short_speech, calls=2, rate=20, loops=-1, timeout_s=60,
-        )
-    )  # fmt: skip
+    callers = _callers(gw, short_speech, tmp_path / "callers", 2)
     await until(_talking(redis_url, 2), "2 calls transcribing", timeout_s=60, detail=gw.log_tail)
     engine = [pid for pid, cmd in _children(gw.pid).items() if "asr_core.host" in cmd]
     assert len(engine) == 1
