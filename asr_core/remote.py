@@ -163,7 +163,7 @@ class EngineProcess:
             "--inputs", ",".join(e.encode() for e in engine_inputs),
             "--output", w.encode(),
             "--control", str(ctrl_there.fileno()),
-            "--log-level", self.log_level,
+            "--log-level", self.log_level, "--role", "engine",
         ]  # fmt: skip
         self.proc = subprocess.Popen(cmd, pass_fds=fds, env=self.env)
         ctrl_there.close()
