@@ -169,7 +169,11 @@ class DeviceDecoder:
                 emits.append(emit)
                 ts.append(t_now)
                 queued += 1
-            if queued >= budget or not mx.any(t < lens).item():
+            if queued >= budget:
+                break
+            busy = mx.any(t < lens)
+            mx.eval(busy)  # mx.eval lets go of the interpreter lock while the device works
+            if not busy.item():
                 break
             want = queued + extra
             extra *= 2
@@ -177,8 +181,9 @@ class DeviceDecoder:
         self._g[real] = g[:n]
         self._h[:, real] = h[:, :n]
         self._c[:, real] = c[:, :n]
-        k_host, e_host, t_host = (np.array(mx.stack(x)) for x in (ks, emits, ts))
-        mx.eval(self._g, self._h, self._c)
+        stacked = [mx.stack(x) for x in (ks, emits, ts)]
+        mx.eval(*stacked, self._g, self._h, self._c)
+        k_host, e_host, t_host = (np.array(x) for x in stacked)
         base = list(first_frames) if first_frames is not None else [self._frames[s] for s in slots]
         for it, r in zip(*np.nonzero(e_host[:, :n]), strict=True):
             out[r].append(Emission(int(k_host[it, r]), base[r] + int(t_host[it, r])))
