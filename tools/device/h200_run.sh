@@ -10,7 +10,7 @@
 # files come back): the JSON/markdown summaries, the daemon's log, this script's log.
 set -uo pipefail
 phase=${1:?usage: h200_run.sh engine|gateway [levels]}
-levels=${2:-250,500,1000,2000}
+levels=${2:-500,1000,2000}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/run.log") 2>&1
@@ -41,13 +41,22 @@ engine)
   tail -c 200000 /tmp/gw/serve.log > "$OUT/serve.log"
   ;;
 gateway)
-  python3 -m gateway.cli bench gateway --levels "$levels" --call-seconds 30 --cps 100 \
+  # The bench writes its summary after every level; copy it out as it grows, so that a run cut short
+  # by the time limit still brings back the levels it finished.
+  python3 -m gateway.cli bench gateway --levels "$levels" --call-seconds "${CALL_SECONDS:-20}" --cps 100 \
     --calls-per-replay 700 --audio "$KIT_AUDIO" --redis-server "$KIT_REDIS" \
     --env TTG_MODEL__DIR=/tmp/full --env TTG_MODEL__PRECISION=f16 --env TTG_DECODER__MODE=device \
     --env TTG_ENCODER__MAX_BATCH=512 --sip-port 5060 --http-port 9108 --redis-port 6379 \
-    --rtp-ports 20000-29999 --replay-rtp-ports 30000-49999 --out /tmp/gw ${GATEWAY_ARGS:-}
-  cp /tmp/gw/summary.md /tmp/gw/summary.json "$OUT/"
-  tail -c 400000 /tmp/gw/serve.log > "$OUT/serve.log"
+    --rtp-ports 20000-29999 --replay-rtp-ports 30000-49999 --out /tmp/gw ${GATEWAY_ARGS:-} &
+  bench=$!
+  while kill -0 "$bench" 2>/dev/null; do
+    cp /tmp/gw/summary.json "$OUT/" 2>/dev/null
+    tail -c 300000 /tmp/gw/serve.log > "$OUT/serve.log" 2>/dev/null
+    sleep 5
+  done
+  wait "$bench"
+  cp /tmp/gw/summary.md /tmp/gw/summary.json "$OUT/" 2>/dev/null
+  tail -c 300000 /tmp/gw/serve.log > "$OUT/serve.log"
   ;;
 esac
 stamp "done"
