@@ -329,4 +329,11 @@ def _wait_for_shutdown(control: socket.socket) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # A child process ends like multiprocessing's do: its work is done and reported, its streams and
+    # device state released; os._exit skips the C++ static destructors of native libraries, which
+    # have no part in the result but can abort at interpreter teardown.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
