@@ -137,13 +137,16 @@ class AsrModel:
 
     @classmethod
     def load(cls, model_dir: str | Path, precision: str = "auto") -> AsrModel:
-        """Load the bundle in `model_dir` once: validated files, MLX encoder weights, tokenizer.
+        """Load the bundle in `model_dir` once (any layout `load_bundle` reads): validated files, MLX
+        encoder weights, tokenizer.
 
-        `precision`: "f32", "f16", "bf16", or "auto" (f32 on the CPU, f16 on a GPU).
+        `precision`: "f32", "f16", "bf16", or "auto" (f32 on the CPU; on a GPU f16, or the stored
+        dtype of an MLX layout).
         """
         import mlx.core as mx
 
         from asr_core.bundle import load_bundle
+        from asr_core.quant import QuantizedLinear
         from asr_core.tokenizer import Tokenizer
 
         device = "gpu" if mx.default_device() == mx.gpu else "cpu"
@@ -151,15 +154,27 @@ class AsrModel:
             # MLX keeps freed buffers for reuse up to the whole memory limit; at thousands of streams
             # that is the whole card. Bound the cache (what is in use is not limited by this).
             mx.set_cache_limit(GPU_CACHE_LIMIT_BYTES)
-        if precision == "auto":
-            precision = "f16" if device == "gpu" else "f32"
         bundle = load_bundle(Path(model_dir), precision)
         # Materialize the weights here: MLX streams are thread-local (mlx >= 0.31.2), so nothing the
         # MLX thread reads may still be an unevaluated graph of this thread's stream.
-        mx.eval(list(bundle.encoder_weights.values()))
+        mx.eval(
+            [
+                a
+                for w in bundle.encoder_weights.values()
+                for a in (w.arrays() if isinstance(w, QuantizedLinear) else (w,))
+            ]
+        )
         tokenizer = Tokenizer.from_bundle(bundle)
-        logger.info("model loaded from %s (%s on %s)", model_dir, precision, device)
-        return cls(bundle, tokenizer, LoadedInfo(Path(model_dir), precision, device))
+        packed = f", {len(bundle.quantized)} quantized modules" if bundle.quantized else ""
+        logger.info(
+            "model loaded from %s (%s layout, %s on %s%s)",
+            model_dir,
+            bundle.layout,
+            bundle.precision,
+            device,
+            packed,
+        )
+        return cls(bundle, tokenizer, LoadedInfo(Path(model_dir), bundle.precision, device))
 
     # -- EngineModel ---------------------------------------------------------------------------
 
@@ -221,17 +236,7 @@ class AsrModel:
         )
 
     def _graphs(self) -> Any:
-        from asr_core.decoder import RnntGraphs
-
-        cfg = self.bundle.config
-        return RnntGraphs(
-            self.bundle.decoder_path,
-            self.bundle.joiner_path,
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.decoder_hidden_size,
-            num_layers=cfg.num_decoder_layers,
-            threads=1,
-        )
+        return self.bundle.rnnt_graphs(threads=1)
 
     def new_decoder(self) -> StreamDecoder:
         from asr_core.decoder import GreedyDecoder

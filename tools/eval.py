@@ -133,7 +133,7 @@ def run_offline(
 ) -> list[str]:
     """Whole-utterance decode: offline log-mel -> encoder offline forward -> one greedy pass."""
     from asr_core.bundle import load_bundle
-    from asr_core.decoder import GreedyDecoder, RnntGraphs
+    from asr_core.decoder import GreedyDecoder
     from asr_core.encoder import StreamingEncoder
     from asr_core.features import FeatureConfig, log_mel
     from asr_core.tokenizer import Tokenizer
@@ -141,15 +141,7 @@ def run_offline(
     bundle = load_bundle(model_dir, "f32" if precision == "auto" else precision)
     cfg = bundle.config
     encoder = StreamingEncoder(bundle.encoder_weights, cfg.encoder, bundle.precision)
-    graphs = RnntGraphs(
-        bundle.decoder_path,
-        bundle.joiner_path,
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.decoder_hidden_size,
-        num_layers=cfg.num_decoder_layers,
-        threads=1,
-    )
-    decoder = GreedyDecoder(graphs, cfg.blank_token_id, cfg.max_symbols_per_step)
+    decoder = GreedyDecoder(bundle.rnnt_graphs(threads=1), cfg.blank_token_id, cfg.max_symbols_per_step)
     tokenizer = Tokenizer.from_bundle(bundle)
     feat_cfg = FeatureConfig.from_dict(asdict(cfg.features))
     r = cfg.encoder.default_lookahead if lookahead is None else lookahead
@@ -182,7 +174,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--set", dest="set_path", type=Path, required=True, help="manifest.jsonl or a folder holding one"
     )
     parser.add_argument(
-        "--model", type=Path, default=None, help="model bundle directory (default: the demo model)"
+        "--model",
+        type=Path,
+        default=None,
+        help="model bundle directory (default: TTG_MODEL__DIR, else the demo model)",
     )
     parser.add_argument(
         "--lang", default=None, help="force one language prompt (default: each entry's `lang`, else en-US)"
@@ -204,7 +199,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import asr_core  # noqa: F401  (OpenBLAS before mlx)
     from asr_core.model import AsrModel
-    from tools.transcribe import default_model_dir, read_audio
+    from tools.transcribe import cli_model_dir, read_audio
 
     entries = load_manifest(args.set_path)
     if args.condition is not None:
@@ -214,7 +209,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if not entries:
         raise ValueError("no utterances to evaluate (check --set / --condition)")
     audios = [read_audio(e.audio) for e in entries]
-    model_dir = args.model if args.model is not None else default_model_dir()
+    model_dir = cli_model_dir(args.model)
     refs = [e.text for e in entries]
     result: dict[str, Any] = {
         "model": str(model_dir),

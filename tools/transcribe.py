@@ -6,8 +6,9 @@ Each file (wav/flac/anything libsndfile reads; any rate and channel count -> 16 
 is pushed through the engine in real chunk order, in 100 ms blocks, as fast as the engine takes it:
 the reader waits while the stream's backlog is high, so no chunk is ever dropped and the output is
 deterministic. Several files run as concurrent streams (batched in the encoder) and print in order.
-Without --model: the embedded demo model, or (until it ships) a tiny random bundle generated into a
-cache directory, whose transcripts are meaningless (a warning says so).
+Without --model: TTG_MODEL__DIR (alias NEMO_MODEL_DIR, as `ttg serve` reads it), else the embedded
+demo model, or (until it ships) a tiny random bundle generated into a cache directory, whose
+transcripts are meaningless (a warning says so). Any layout the loader reads works (README, "Models").
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ BACKLOG_LIMIT = 8  # chunks; below the engine's queue bound, so the file reader 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="audio files (wav, flac, ...)")
     parser.add_argument(
-        "--model", type=Path, default=None, help="model bundle directory (default: demo model)"
+        "--model",
+        type=Path,
+        default=None,
+        help="model bundle directory (default: TTG_MODEL__DIR, else the demo model)",
     )
     parser.add_argument("--lang", default="en-US", help="language prompt (a bundle locale or 'auto')")
     parser.add_argument("--lookahead", type=int, default=None, help="encoder lookahead in 80 ms frames")
@@ -57,6 +61,17 @@ def read_audio(path: Path) -> np.ndarray:
     if rate != 16_000:
         mono = soxr.resample(mono, rate, 16_000, "HQ")
     return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def cli_model_dir(model: Path | None) -> Path:
+    """The model of `ttg transcribe`/`ttg eval`: --model, else TTG_MODEL__DIR (as `ttg serve` reads
+    it), else `default_model_dir()`."""
+    from gateway.config import Settings
+
+    if model is not None:
+        return model
+    configured = Settings().model.dir
+    return Path(configured).expanduser() if configured else default_model_dir()
 
 
 def default_model_dir(err: TextIO = sys.stderr) -> Path:
@@ -159,7 +174,7 @@ def main(args: argparse.Namespace) -> int:
         except Exception as e:
             print(f"ttg transcribe: cannot read {path}: {e}", file=sys.stderr)
             return 2
-    model_dir = args.model if args.model is not None else default_model_dir()
+    model_dir = cli_model_dir(args.model)
     try:
         model = AsrModel.load(model_dir, args.precision)
     except Exception as e:

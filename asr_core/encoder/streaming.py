@@ -35,14 +35,8 @@ import numpy as np
 
 from asr_core.bundle import PRECISIONS, EncoderConfig
 from asr_core.encoder.geometry import chunk_frames, encoder_frames, first_chunk_frames
-from asr_core.encoder.layers import (
-    EncoderParams,
-    build_params,
-    encoder_stack,
-    offline_forward,
-    streaming_bd_index,
-    subsample,
-)
+from asr_core.encoder.layers import EncoderParams, build_params, encoder_stack, offline_forward, subsample
+from asr_core.quant import Linear
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,50 +68,35 @@ class _Row:
     T: int
 
 
-# The attention layout a GPU gets when the caller does not choose (StreamingEncoder's `attention`
-# and `lean`): the first layout until an H200 run shows a variant is faster at every batch size
-# (`python3 -m tools.bench.gpu_encoder --quick`, docs/benchmarks.md). Every choice gives the same
-# frames within float rounding; the CPU always gets "explicit", not lean.
-GPU_ATTENTION = "explicit"
-GPU_LEAN = False
-
-
 class StreamingEncoder:
     """The MLX encoder: slot pool + batched `step` + `forward_offline` (see the module docstring)."""
 
     def __init__(
         self,
-        weights: Mapping[str, mx.array],
+        weights: Mapping[str, Linear],
         cfg: EncoderConfig,
         dtype: str | mx.Dtype = "f32",
         *,
         capacity: int = 8,
         compile: bool | None = None,
-        attention: str | None = None,
-        fused_queries: bool | None = None,
         pad_batches: bool | None = None,
-        lean: bool | None = None,
+        unpack: bool | None = None,
     ) -> None:
         """Defaults depend on the device.
 
         `compile` (None: on a GPU only): mx.compile the step, which fuses elementwise chains but, on
         the CPU, costs a C++ compile per new shape and saves little next to the weight-streaming
-        matmuls. `attention` (None: GPU_ATTENTION on a GPU, else "explicit"): "explicit" (matmul,
-        softmax, matmul) or "sdpa" (mx.fast's fused attention). `fused_queries` (None: on a GPU
-        without `lean`): one matmul yields both biased queries (fewer kernels, 4 % more weight
-        bytes). `pad_batches` (None: when compiled): pad each call's rows to a few bucket sizes so a
-        varying batch does not trace anew. `lean` (None: GPU_LEAN on a GPU, else False): streaming
-        attention in head-major layouts with no hidden copies and no gather (layers._lean_attention;
-        unfused queries). Every option gives the same frames within float rounding."""
+        matmuls. `pad_batches` (None: when compiled): pad each call's rows to a few bucket sizes so a
+        varying batch does not trace anew. `unpack` (None: on the CPU only): dequantize packed
+        weights once instead of multiplying with the packed codes; MLX's CPU quantized matmul is not
+        BLAS-backed (docs/quantization.md: a full-size step at B=1 took 3x as long packed as dense),
+        while a GPU keeps the codes packed (the point of them: fewer bytes to hold and to read).
+        Every option gives the same frames within float rounding."""
         on_gpu = mx.default_device() == mx.gpu
         self.cfg = cfg
         self.dtype: mx.Dtype = PRECISIONS[dtype] if isinstance(dtype, str) else dtype
-        if attention is None:
-            attention = GPU_ATTENTION if on_gpu else "explicit"
-        if lean is None:
-            lean = GPU_LEAN and on_gpu
-        fused = (on_gpu and not lean) if fused_queries is None else fused_queries
-        self.params: EncoderParams = build_params(weights, cfg, self.dtype, attention, fused, lean)
+        self.unpacked = not on_gpu if unpack is None else unpack
+        self.params: EncoderParams = build_params(weights, cfg, self.dtype, self.unpacked)
         self.compiled = on_gpu if compile is None else compile
         self.pad_batches = self.compiled if pad_batches is None else pad_batches
         self._Lc = cfg.left_context_frames
@@ -356,7 +335,7 @@ class StreamingEncoder:
     def _stack_fn(self, T: int) -> Callable[..., tuple[mx.array, ...]]:
         fn = self._stack_fns.get(T)
         if fn is None:
-            fn = partial(_stack_step, self.params, streaming_bd_index(self.params, T))
+            fn = partial(_stack_step, self.params)
             if self.compiled:
                 fn = mx.compile(fn)
             self._stack_fns[T] = fn
@@ -404,7 +383,6 @@ def _subsample_step(
 
 def _stack_step(
     params: EncoderParams,
-    bd_index: mx.array,
     x: mx.array,
     kv_pool: mx.array,
     conv_pool: mx.array,
@@ -415,7 +393,7 @@ def _stack_step(
 ) -> tuple[mx.array, mx.array, mx.array]:
     kv_cache = _take_rows(kv_pool, kv_idx)  # (layers, B, Lc, 2D), oldest first
     conv_cache = _take_rows(conv_pool, conv_idx)  # (layers, B, K-1, D)
-    return encoder_stack(params, x, kv_cache, conv_cache, valid, prompt, bd_index)
+    return encoder_stack(params, x, kv_cache, conv_cache, valid, prompt)
 
 
 def _take_rows(pool: mx.array, idx: mx.array) -> mx.array:

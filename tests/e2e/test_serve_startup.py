@@ -270,6 +270,22 @@ def test_a_sip_port_in_use_is_a_clear_error_after_the_model_loads(
     assert "stopped in" in proc.stderr.splitlines()[-1]  # what had started was stopped again
 
 
+def test_ttg_model_dir_may_name_an_mlx_layout(tiny_bundle: Path, tmp_path: Path) -> None:
+    """TTG_MODEL__DIR at a quantized mlx-audio-layout bundle: the daemon loads it (and then stops at
+    the SIP port that is taken, so the test needs no call)."""
+    import socket
+
+    from tools.bundle.mlx_export import export_mlx
+
+    export_mlx(tiny_bundle, tmp_path / "q8", "q8")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        proc = run_serve(tmp_path, "--sip-port", str(port), env={"TTG_MODEL__DIR": str(tmp_path / "q8")})
+    assert proc.returncode == 1 and f"cannot listen for SIP on 127.0.0.1:{port}" in proc.stderr
+    assert "mlx-audio layout" in proc.stderr and "24 quantized modules" in proc.stderr, proc.stderr
+
+
 def test_mel_filter_and_encoder_overrides_replace_the_bundles_files(
     tiny_bundle: Path, tmp_path: Path
 ) -> None:

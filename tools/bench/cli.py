@@ -1,4 +1,4 @@
-"""`ttg bench <name> ...` (encoder, engine, engine-procs, decoder, media, sip, sink, channel, gateway):
+"""`ttg bench <name> ...` (encoder, engine, engine-procs, decoder, media, sip, sink, channel, gateway, quant):
 dispatch to tools/bench/<name>.py (dashes as underscores).
 
 Each benchmark module defines `add_arguments(parser)` and `main(args) -> int`. Only the chosen one is
@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "sink": ("tools.bench.sink", "Redis sink throughput, publish() cost, spool write and replay"),
     "channel": ("tools.bench.channel", "chunk transport between processes: shared-memory channel vs pipes"),
     "gateway": ("tools.bench.gateway", "whole-gateway load levels: redis + ttg serve + ttg replay, CPU/GPU"),
+    "quant": ("tools.bench.quant", "encoder step and weight memory: f16 vs q8 vs mixed68 bundles, same run"),
 }
 
 

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 import asr_core  # noqa: F401  (OpenBLAS before MLX)
+from asr_core.bundle import load_bundle
 from asr_core.decoder import BatchedGreedyDecoder, Emission, GreedyDecoder, NumpyRnnt, RnntGraphs, RnntNet
 from asr_core.features import FeatureConfig, log_mel
 from tools.bundle.numpy_encoder import encoder_forward, joiner_frames
@@ -309,15 +310,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"ttg bench decoder: unknown mode(s) {bad}; choose from {MODES}", file=sys.stderr)
         return 2
     counts = [int(x) for x in args.streams.split(",")]
-    cfg = _config(args.model)
-    graphs = RnntGraphs(
-        args.model / "decoder.onnx",
-        args.model / "joiner.onnx",
-        vocab_size=int(cfg["vocab_size"]),
-        hidden_size=int(cfg["decoder_hidden_size"]),
-        num_layers=int(cfg["num_decoder_layers"]),
-    )
-    blank, max_symbols = int(cfg["blank_token_id"]), int(cfg["max_symbols_per_step"])
+    # Any layout: its ONNX graphs, or the graphs built at load from an MLX layout's weights.
+    bundle = load_bundle(args.model, "f32")
+    graphs = bundle.rnnt_graphs()
+    blank, max_symbols = bundle.config.blank_token_id, bundle.config.max_symbols_per_step
+    if args.frames == "encoder" and bundle.decoder_path is None:
+        print("ttg bench decoder: --frames encoder reads a five-file bundle's encoder", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     if args.frames == "scripted":
         rng = np.random.default_rng(args.seed)
