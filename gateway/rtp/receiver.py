@@ -45,6 +45,14 @@ __all__ = ["CallMedia", "MediaManager", "PortsExhausted", "media_config"]
 
 METRICS_PERIOD_S = 1.0
 BIND_ATTEMPTS = 32  # pairs tried when ports of the range are taken by other processes
+# At close, at most this many queued datagrams per socket are read: more than a default receive buffer
+# holds, and a bound on the time a flood can keep the loop.
+DRAIN_MAX = 1024
+DATAGRAM_MAX = 65535
+# Receive buffer asked for each socket: the kernel's default (208 KiB) holds 256 packets of 20 ms G.711,
+# ~5 s of a call, so a loop that far behind (a starved CPU) lost RTP in the kernel. The kernel caps the
+# request at net.core.rmem_max and doubles it: 416 KiB (~10 s) on a stock Linux, 2 MiB where allowed.
+RECEIVE_BUFFER = 1 << 20
 
 
 def media_config(rtp: RtpSettings) -> MediaConfig:
@@ -84,6 +92,7 @@ def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socktype, proto)
     try:
         sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
         sock.bind(sockaddr)
     except OSError:
         sock.close()
@@ -140,7 +149,7 @@ class MediaManager:
             rtcp_sock.close()
             self.pool.release(port, loop.time())
             raise
-        media._attach(rtp_tr, rtcp_tr)
+        media._attach(rtp_tr, rtcp_tr, (rtp_sock, rtcp_sock))
         self._open.add(media)
         metrics.RTP_STREAMS.inc()
         return media
@@ -199,6 +208,7 @@ class CallMedia:
         self._loop = loop
         self._core = MediaCore(plan, manager.config, loop.time())
         self._transports: list[asyncio.DatagramTransport] = []
+        self._sockets: tuple[socket.socket, ...] = ()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._metrics_at = loop.time() + METRICS_PERIOD_S
@@ -229,6 +239,7 @@ class CallMedia:
         """Flush the last audio, DTMF and resampler tail into the sink; free the ports. Idempotent."""
         if self._final is not None:
             return self._final
+        self._drain()
         now = self._loop.time()
         events = self._core.close(now)
         if self._timer is not None:
@@ -254,9 +265,27 @@ class CallMedia:
 
     # --- adapter internals -----------------------------------------------------------------------
 
-    def _attach(self, rtp: asyncio.DatagramTransport, rtcp: asyncio.DatagramTransport) -> None:
+    def _attach(
+        self,
+        rtp: asyncio.DatagramTransport,
+        rtcp: asyncio.DatagramTransport,
+        sockets: tuple[socket.socket, socket.socket],
+    ) -> None:
         self._transports = [rtp, rtcp]
+        self._sockets = sockets
         self._schedule()
+
+    def _drain(self) -> None:
+        """Receive what the kernel still holds for this stream. The loop reads a socket one datagram
+        per turn, so it can serve the hang-up (a BYE on the SIP socket) while packets the caller sent
+        before it still wait here; closing the socket would drop them from the call."""
+        for sock, rtcp in zip(self._sockets, (False, True), strict=False):
+            for _ in range(DRAIN_MAX):
+                try:
+                    data, addr = sock.recvfrom(DATAGRAM_MAX)
+                except OSError:  # BlockingIOError: nothing left
+                    break
+                self._datagram(data, addr, rtcp)
 
     def _datagram(self, data: bytes, addr: Any, rtcp: bool) -> None:
         if self._final is not None:
