@@ -10,7 +10,8 @@
 #                         ../shared/tools/stage_mlx_cuda.sh) and, in extra/, cp312 manylinux wheels of
 #                         the gateway's dependencies the image lacks (device_env.sh installs them)
 #   DEST/repo/.kit/redis.tar.xz   redis-server and the shared libraries it links (not glibc)
-#   DEST/repo/.kit/audio/         espeak-ng speech for the calls (the device has no espeak-ng)
+#   DEST/repo/.kit/espeak.tar.xz  espeak-ng, its libraries and data (tools/demo_model/espeak_bundle.sh)
+#   DEST/repo/.kit/audio/         espeak-ng speech for the calls
 #
 # The device command then starts with (carry DEST's path relative to the repository that travels):
 #   cd DEST/repo && source .whl/device_env.sh && source tools/device/kit_env.sh && ...
@@ -68,7 +69,13 @@ done
 tar -C "$tmp" -cJf "$kit/redis.tar.xz" .
 rm -rf "$tmp"
 
-# 5. Speech for the calls.
+# 5. espeak-ng with its libraries and data (make-bundle's speech calibration speaks on the device).
+tmp=$(mktemp -d)
+sh "$root/tools/demo_model/espeak_bundle.sh" "$tmp/esp" >/dev/null
+tar -C "$tmp" -cJf "$kit/espeak.tar.xz" esp
+rm -rf "$tmp"
+
+# 6. Speech for the calls.
 (cd "$root" && "$py" -c "
 import sys
 from pathlib import Path
