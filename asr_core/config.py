@@ -11,10 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from asr_core.vad import VadConfig
+
 DecoderMode = Literal["workers", "batched", "device"]
 DECODER_MODES: tuple[DecoderMode, ...] = ("workers", "batched", "device")
 WaitPolicy = Literal["adaptive", "fixed"]
 WAIT_POLICIES: tuple[WaitPolicy, ...] = ("adaptive", "fixed")
+WordsMode = Literal["off", "final", "all"]
+WORDS_MODES: tuple[WordsMode, ...] = ("off", "final", "all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,8 @@ class EndpointConfig:
     # Partials only when the text grew, at most one per this interval per stream (0 = every growth).
     partial_interval_ms: int = 300
     partials: bool = True
+    # Which events carry `words` (times and confidence): finals only, partials too, or none.
+    words: WordsMode = "final"
 
     def __post_init__(self) -> None:
         if self.blank_ms <= 0:
@@ -102,6 +108,8 @@ class EndpointConfig:
             raise ValueError(f"max_segment_ms must be > 0, got {self.max_segment_ms}")
         if self.partial_interval_ms < 0:
             raise ValueError(f"partial_interval_ms must be >= 0, got {self.partial_interval_ms}")
+        if self.words not in WORDS_MODES:
+            raise ValueError(f"words must be one of {WORDS_MODES}, got {self.words!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +117,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)
+    # Audio-driven endpointing on each stream's front end (asr_core.vad); kind "off": token rules only.
+    vad: VadConfig = field(default_factory=VadConfig)
     # StreamOptions.language "" / lookahead None fall back to these (None = the bundle's default).
     default_language: str = "auto"
     default_lookahead: int | None = None
@@ -127,6 +137,6 @@ def engine_config_from_json(data: Mapping[str, Any]) -> EngineConfig:
         scheduler=SchedulerConfig(**data["scheduler"]),
         decoder=DecoderConfig(**data["decoder"]),
         endpoint=EndpointConfig(**data["endpoint"]),
-        default_language=data["default_language"],
-        default_lookahead=data["default_lookahead"],
+        vad=VadConfig(**data["vad"]),
+        **{k: v for k, v in data.items() if k not in ("scheduler", "decoder", "endpoint", "vad")},
     )

@@ -18,6 +18,27 @@ scheduler is shared under one lock, held only for its (cheap) pure calls, never 
 Everything for a stream reaches its worker through one FIFO queue (opened, chunks, done), so its
 events come in order and `StreamEnded` is always last.
 
+Endpointing: each stream's front end also runs a VAD (asr_core.vad). When it decides the caller
+stopped, the stream queues a *flush*: a `ChunkPayload` with `flush=True` holding the partial next
+chunk, padded with copies of its last (silent) mel frame, since the VAD just heard silence there, to
+that chunk and one more (so the last word's late pieces come out: MelChunker.flush_chunk). The
+encoder runs it as a non-committing step (no cache written, the stream not advanced); the worker
+decodes it and closes the utterance with a final at once, instead of waiting for the chunk to fill,
+its lookahead, and the token-silence rule. The flush is plain data on the front-end side, so it can
+cross a process boundary like any chunk.
+
+Decoder reconciliation: each stream's worker keeps `next_frame`, the first encoder frame it has not
+decoded with its committed state. A chunk or flush starting before it is decoded only from
+`next_frame` on, and `next_frame` moves to the end of its real-audio frames. So every frame of real
+audio is decoded once: the frames a flush covered, from the flush; the real chunk that later covers
+the same audio contributes only its frames after them. A flush's padding frames are decoded too, from
+a copy of the state, so that the last word's late pieces make it into the final (pieces that finish
+that word only: a new word there came from imagined silence); those tokens are remembered as
+published (`spec`), and when the real frames behind the padding are decoded, the tokens they give
+that match them, in order, are not emitted again (the first that differs ends the matching). The
+encoder frames of every later chunk are exactly those of a stream without the flush
+(the step wrote no cache).
+
 Front end on the caller's thread: features and chunking of a 20-320 ms push cost tens of
 microseconds of numpy (measured: docs/benchmarks.md), less than a thread hand-off would, and they
 keep each stream's audio in order without another queue. `push` never blocks on the encoder: a
@@ -32,6 +53,7 @@ open stream ends with reason "error", `on_fatal` is called, and every later call
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import logging
 import queue
@@ -80,10 +102,13 @@ class _Done:
 
 @dataclass(frozen=True, slots=True)
 class _Decoded:
-    """A chunk the MLX thread already decoded on the device (decoder mode "device")."""
+    """A chunk the MLX thread already decoded on the device (decoder mode "device"): its tokens from
+    frame `skip` on, and for a flush the tokens of its padding (decoded from a copy of the state)."""
 
     chunk: EncodedChunk[ChunkPayload]
     tokens: list[Token]
+    skip: int
+    padding_tokens: list[Token]
     seconds: float  # this chunk's share of the batched decode
 
 
@@ -143,6 +168,7 @@ class AsrEngine:
         self._encoder: EncoderBackend | None = None  # built and owned by the MLX thread
         self._device: DeviceDecoderBackend | None = None  # decoder mode "device": the MLX thread's too
         self._device_slots: dict[int, int] = {}  # MLX thread only
+        self._device_next: dict[int, int] = {}  # MLX thread only: first frame not decoded, per stream
         self._ready = threading.Event()
         self._route: dict[int, int] = {}  # stream key -> its worker, until its _Done is sent
         self._workers: list[_DecoderWorker] = []
@@ -250,19 +276,22 @@ class AsrEngine:
     def open_stream(self, stream_id: str, options: StreamOptions, on_event: EventCallback) -> AsrStream:
         """Start a stream fed with audio; its events go to `on_event` (called on engine threads, in order)."""
         shared = self._prepare(stream_id, options, on_event)
-        stream = AsrStream(
-            self,
-            shared,
-            StreamFrontEnd(self.model.new_frontend(shared.lookahead), shared.lookahead, self._clock),
+        vad = self.config.vad
+        frontend = StreamFrontEnd(
+            self.model.new_frontend(shared.lookahead),
+            shared.lookahead,
+            vad if vad.enabled else None,
+            self._clock,
         )
+        stream = AsrStream(self, shared, frontend)
         self._register(stream)
         return stream
 
     def open_chunk_stream(
         self, stream_id: str, options: StreamOptions, on_event: EventCallback
     ) -> ChunkStream:
-        """Start a stream fed with chunks that a front end elsewhere made (another process ran
-        `asr_core.frontend.StreamFrontEnd` for it); otherwise like `open_stream`."""
+        """Start a stream fed with chunks (and flushes) that a front end elsewhere made (another
+        process ran `asr_core.frontend.StreamFrontEnd` for it); otherwise like `open_stream`."""
         stream = ChunkStream(self, self._prepare(stream_id, options, on_event))
         self._register(stream)
         return stream
@@ -312,7 +341,7 @@ class AsrEngine:
             now = self._clock()
             for i, p in enumerate(payloads):
                 is_last = last and i == len(payloads) - 1
-                dropped += self._sched.push_chunk(key, p, now, is_last=is_last)
+                dropped += self._sched.push_chunk(key, p, now, is_last=is_last, flush=p.flush)
             if dropped and key in self._streams:
                 self._streams[key].shared.dropped = dropped[-1].dropped_total
             if end and not last:
@@ -410,6 +439,7 @@ class AsrEngine:
                 encoder.release(self._slots.pop(left.key))
                 if device is not None:
                     device.release(self._device_slots.pop(left.key))
+                    self._device_next.pop(left.key, None)
         with self._lock:
             routes = [(self._route.pop(left.key, None), left) for left in plan.left]
         for worker, left in routes:
@@ -419,9 +449,10 @@ class AsrEngine:
             self._slots[j.key] = encoder.alloc(j.prompt_id, j.lookahead)
             if device is not None:
                 self._device_slots[j.key] = device.alloc()
+                self._device_next[j.key] = 0
         if not plan.rows:
             return
-        rows = [(self._slots[r.key], r.payload.mel, r.is_last) for r in plan.rows]
+        rows = [(self._slots[r.key], r.payload.mel, r.is_last, r.flush) for r in plan.rows]
         t0 = time.perf_counter()
         frames = encoder.step(rows)
         seconds = time.perf_counter() - t0
@@ -433,19 +464,44 @@ class AsrEngine:
         self.hooks.encoder_step(seconds, len(rows), [r.queue_wait_s for r in plan.rows])
         items: list[Any] = list(chunks)
         if device is not None and chunks:
-            t0 = time.perf_counter()
-            tokens = device.decode(
-                [self._device_slots[c.key] for c in chunks],
-                [c.frames for c in chunks],
-                [c.first_frame for c in chunks],
-            )
-            dt = time.perf_counter() - t0
-            self.hooks.decoder_step(dt, len(chunks))
-            items = [_Decoded(c, t, dt / len(chunks)) for c, t in zip(chunks, tokens, strict=True)]
+            items = self._decode_on_device(device, chunks)
         for w, item in zip(owners, items, strict=True):
             by_worker.setdefault(w, []).append(item)
         for w, batch in by_worker.items():
             self._workers[w].queue.put(batch)
+
+    def _decode_on_device(
+        self, device: DeviceDecoderBackend, chunks: list[EncodedChunk[ChunkPayload]]
+    ) -> list[_Decoded]:
+        """Decode a step's chunks on the device (the reconciliation rule of the module docstring
+        applied here, where the stream's committed decoder state lives): each from its first frame
+        not decoded yet to its last frame due; then each flush's padding from a copy of its state."""
+        t0 = time.perf_counter()
+        skips = [min(_frames_due(c), max(0, self._device_next[c.key] - c.first_frame)) for c in chunks]
+        tokens = device.decode(
+            [self._device_slots[c.key] for c in chunks],
+            [c.frames[k : _frames_due(c)] for c, k in zip(chunks, skips, strict=True)],
+            [c.first_frame + k for c, k in zip(chunks, skips, strict=True)],
+        )
+        for c in chunks:
+            self._device_next[c.key] = max(self._device_next[c.key], c.first_frame + _frames_due(c))
+        flushes = [i for i, c in enumerate(chunks) if c.flush and c.frames.shape[0] > _frames_due(c)]
+        padding: dict[int, list[Token]] = {}
+        if flushes:
+            spec = device.decode(
+                [self._device_slots[chunks[i].key] for i in flushes],
+                [chunks[i].frames[_frames_due(chunks[i]) :] for i in flushes],
+                [chunks[i].first_frame + _frames_due(chunks[i]) for i in flushes],
+                commit=False,
+            )
+            padding = dict(zip(flushes, spec, strict=True))
+        dt = time.perf_counter() - t0
+        self.hooks.decoder_step(dt, len(chunks))
+        share = dt / len(chunks)
+        return [
+            _Decoded(c, t, k, padding.get(i, []), share)
+            for i, (c, t, k) in enumerate(zip(chunks, tokens, skips, strict=True))
+        ]
 
     def _fail(self, error: BaseException) -> None:
         logger.critical("ASR encoder thread failed; the engine stops", exc_info=error)
@@ -549,8 +605,8 @@ class AsrStream(_StreamHandle):
 
 
 class ChunkStream(_StreamHandle):
-    """A stream whose front end runs elsewhere: `push_chunks` its chunks in order, then `finish`
-    (or `close`). `samples` is the audio the front end consumed so far (for audio_ms)."""
+    """A stream whose front end runs elsewhere: `push_chunks` its chunks (and flushes) in order, then
+    `finish` (or `close`). `samples` is the audio the front end consumed so far (for audio_ms)."""
 
     def push_chunks(self, payloads: list[ChunkPayload], samples: int) -> None:
         with self._lock:
@@ -637,6 +693,12 @@ class _SafeHooks:
         except Exception:
             self._failed("transcript")
 
+    def time_to_final(self, seconds: float) -> None:
+        try:
+            self._hooks.time_to_final(seconds)
+        except Exception:
+            self._failed("time_to_final")
+
 
 def _as_pcm(pcm: np.ndarray) -> np.ndarray:
     x = np.asarray(pcm)
@@ -665,6 +727,33 @@ class _WorkerStream:
     last_completed_at: float = 0.0
     lags: list[float] = field(default_factory=list)
     queue_wait_max_s: float = 0.0
+    next_frame: int = 0  # first encoder frame not decoded yet (the reconciliation rule, module doc)
+    flushes: int = 0
+    spec: list[int] = field(default_factory=list)  # published from a flush's padding, not yet confirmed
+    spec_end: int = 0  # the frame after that flush's chunk
+
+
+def _unpublished(ws: _WorkerStream, tokens: list[Token]) -> list[Token]:
+    """`tokens` less the leading ones a flush already published from its padding (`ws.spec`, in
+    order); the first token that differs ends the matching."""
+    k = 0
+    while k < len(tokens) and ws.spec and tokens[k].id == ws.spec[0]:
+        ws.spec.pop(0)
+        k += 1
+    if k < len(tokens):
+        ws.spec = []
+    return tokens[k:]
+
+
+def _frames_due(c: EncodedChunk[ChunkPayload]) -> int:
+    """Frames of `c` to decode: all of a chunk, the real-audio ones of a flush."""
+    n = int(c.frames.shape[0])
+    return min(n, c.payload.flush_frames) if c.flush else n
+
+
+def _already_decoded(ws: _WorkerStream, c: EncodedChunk[ChunkPayload]) -> int:
+    """Frames at the start of `c` that an earlier flush already decoded (the reconciliation rule)."""
+    return min(_frames_due(c), max(0, ws.next_frame - c.first_frame))
 
 
 class _DecoderWorker:
@@ -741,7 +830,7 @@ class _DecoderWorker:
                 ws = self.streams.get(d.chunk.key)
                 if ws is not None and not ws.ended:
                     ws.decode_s += d.seconds
-                    self._assemble(ws, d.chunk, d.tokens)
+                    self._assemble(ws, d.chunk, d.tokens, d.skip, d.padding_tokens)
             self.engine._chunks_decoded([d.chunk.key for d in chunks])
             return
         live = [c for c in chunks if c.key in self.streams and not self.streams[c.key].ended]
@@ -767,9 +856,10 @@ class _DecoderWorker:
         if ws.ended:
             return
         dec: StreamDecoder = self.decoder  # type: ignore[assignment]
+        skip = _already_decoded(ws, c)
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
-            tokens = dec.decode(ws.state, c.frames, c.first_frame)
+            tokens = dec.decode(ws.state, c.frames[skip : _frames_due(c)], c.first_frame + skip)
             dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         except Exception as e:
             logger.exception("stream %s: decoding failed", ws.shared.stream_id)
@@ -778,15 +868,18 @@ class _DecoderWorker:
         ws.decode_s += dt
         ws.decode_cpu_s += dc
         self.engine.hooks.decoder_step(dt, 1)
-        self._assemble(ws, c, tokens)
+        self._assemble(ws, c, tokens, skip)
 
     def _decode_batch(self, rnd: list[EncodedChunk[ChunkPayload]]) -> None:
         dec: BatchDecoder = self.decoder  # type: ignore[assignment]
         wss = [self.streams[c.key] for c in rnd]
+        skips = [_already_decoded(w, c) for w, c in zip(wss, rnd, strict=True)]
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
             tokens = dec.decode_batch(
-                [w.state for w in wss], [c.frames for c in rnd], [c.first_frame for c in rnd]
+                [w.state for w in wss],
+                [c.frames[k : _frames_due(c)] for c, k in zip(rnd, skips, strict=True)],
+                [c.first_frame + k for c, k in zip(rnd, skips, strict=True)],
             )
             dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         except Exception as e:
@@ -795,15 +888,33 @@ class _DecoderWorker:
                 self._fail(c.key, e)
             return
         self.engine.hooks.decoder_step(dt, len(rnd))
-        for ws, c, toks in zip(wss, rnd, tokens, strict=True):
+        for ws, c, toks, skip in zip(wss, rnd, tokens, skips, strict=True):
             ws.decode_s += dt / len(rnd)
             ws.decode_cpu_s += dc / len(rnd)
-            self._assemble(ws, c, toks)
+            self._assemble(ws, c, toks, skip)
 
-    def _assemble(self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], tokens: list[Token]) -> None:
-        n = int(c.frames.shape[0])
+    def _assemble(
+        self,
+        ws: _WorkerStream,
+        c: EncodedChunk[ChunkPayload],
+        tokens: list[Token],
+        skip: int,
+        padding_tokens: list[Token] | None = None,
+    ) -> None:
+        n = _frames_due(c)
+        ws.next_frame = max(ws.next_frame, c.first_frame + n)
         try:
-            events = ws.assembler.update(tokens, c.first_frame, n, c.payload.energies_db[:n])
+            tokens = _unpublished(ws, tokens)
+            if not c.flush and c.first_frame + int(c.frames.shape[0]) >= ws.spec_end:
+                ws.spec = []  # the real frames behind the last flush's padding are all decoded
+            energies = c.payload.energies_db[skip:n]
+            events = ws.assembler.update(tokens, c.first_frame + skip, n - skip, energies)
+            if c.flush:
+                ws.flushes += 1
+                closed = ws.assembler.speech_ended(self._speculate(ws, c, n, padding_tokens))
+                if closed and c.payload.speech_end_at is not None:
+                    self.engine.hooks.time_to_final(self.engine._clock() - c.payload.speech_end_at)
+                events += closed
         except Exception as e:
             logger.exception("stream %s: transcript assembly failed", ws.shared.stream_id)
             self._fail(c.key, e)
@@ -818,6 +929,37 @@ class _DecoderWorker:
         if len(ws.lags) > _LAG_SAMPLES:
             del ws.lags[: len(ws.lags) - _LAG_SAMPLES]
         self._emit(ws, events, c.payload.completed_at)
+
+    def _speculate(
+        self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], real: int, decoded: list[Token] | None = None
+    ) -> list[Token]:
+        """Decode a flush's padding frames from a copy of the stream's decoder state (or take them
+        `decoded` on the device): the late pieces of the last word (the model emits a piece a frame
+        or two after its audio) go into the final. They become `ws.spec`, the tokens already
+        published that the real frames behind the padding are expected to give again; returns those
+        not published yet."""
+        frames = c.frames[real:]
+        if not frames.shape[0]:
+            return []
+        first = c.first_frame + real
+        if decoded is not None:
+            spec = decoded
+        elif self.batched:
+            state = copy.deepcopy(ws.state)
+            dec: BatchDecoder = self.decoder  # type: ignore[assignment]
+            spec = dec.decode_batch([state], [frames], [first])[0]
+        else:
+            one: StreamDecoder = self.decoder  # type: ignore[assignment]
+            spec = one.decode(copy.deepcopy(ws.state), frames, first)
+        # Only pieces that finish the last word: a new word from imagined silence could be wrong
+        # when the caller goes on (it comes with the real audio instead, in the next utterance).
+        text = self.engine.model.text
+        n = 0
+        while n < len(spec) and not text.starts_word(spec[n].id) and text.decode([spec[n].id])[0]:
+            n += 1
+        new = _unpublished(ws, spec[:n])
+        ws.spec, ws.spec_end = [t.id for t in spec[:n]], c.first_frame + int(c.frames.shape[0])
+        return new
 
     def _emit(self, ws: _WorkerStream, events: Sequence[AsrEvent], completed_at: float | None) -> None:
         now = self.engine._clock()
@@ -864,6 +1006,8 @@ class _DecoderWorker:
             "lag_p50_s": lags[len(lags) // 2] if lags else 0.0,
             "lag_p95_s": lags[min(len(lags) - 1, int(0.95 * len(lags)))] if lags else 0.0,
             "lag_max_s": lags[-1] if lags else 0.0,
+            "flushes": float(ws.flushes),
+            "orphan_pieces": float(ws.assembler.orphan_pieces),
         }
         events.append(
             StreamEnded(

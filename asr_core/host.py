@@ -35,13 +35,13 @@ from asr_core.api import AsrEvent, StreamEnded, StreamOptions
 from asr_core.channel import ChannelEnd, ChannelReader, ChannelWriter
 from asr_core.engine import AsrEngine, ChunkStream
 from asr_core.errors import AsrError
-from asr_core.frontend import ChunkPayload
 from asr_core.wire import (
     DECODE,
     DROPPED,
     LATENCY,
     STATUS,
     STEP,
+    TTF,
     Chunk,
     Close,
     Finish,
@@ -54,6 +54,7 @@ from asr_core.wire import (
     encode_latency,
     encode_status,
     encode_step,
+    encode_ttf,
 )
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,9 @@ class _WireHooks:
 
     def transcript(self, kind: str, latency_s: float) -> None:
         self._out.write(LATENCY, encode_latency(kind, latency_s))
+
+    def time_to_final(self, seconds: float) -> None:
+        self._out.write(TTF, encode_ttf(seconds))
 
 
 class EngineHost:
@@ -221,13 +225,12 @@ class EngineHost:
             s = streams.get(rec.key)
             if s is None:
                 return  # ended already (closed, or refused at open)
-            payload = ChunkPayload(rec.mel, rec.energies_db, rec.completed_at)
             with contextlib.suppress(AsrError):
                 if rec.last:
                     self._finished[i].add(rec.key)
-                    s.finish([payload], True, rec.samples)
+                    s.finish([rec.payload], True, rec.samples)
                 else:
-                    s.push_chunks([payload], rec.samples)
+                    s.push_chunks([rec.payload], rec.samples)
         elif isinstance(rec, Open):
             options = StreamOptions(language=rec.language, lookahead=rec.lookahead)
             try:
@@ -298,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     host = EngineHost(engine, inputs, out)
     host.start()
     info = {"precision": model.info.precision, "device": model.info.device, "pid": os.getpid()}
-    _send(control, {"ready": model.frontend_spec().to_json(), "info": info})
+    spec = model.frontend_spec(vad=config.vad if config.vad.enabled else None)
+    _send(control, {"ready": spec.to_json(), "info": info})
     shutdown = _wait_for_shutdown(control)
     host.stop()
     engine.shutdown(drain=bool(shutdown.get("drain", True)), timeout=float(shutdown.get("timeout", 10.0)))

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from asr_core.frontend import FeaturesAndChunker, FrontEnd, FrontEndSpec
+from asr_core.frontend import FeaturesAndChunker, FrontEnd, FrontEndSpec, flush_extra_chunks
 from asr_core.transcript import TextDecoder, Token
 
 logger = logging.getLogger(__name__)
@@ -31,8 +31,9 @@ class EncoderBackend(Protocol):
 
     def release(self, slot: int) -> None: ...
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
-        """One batched step over (slot, mel chunk, is_last) rows -> per row (T_i, J) frames."""
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
+        """One batched step over (slot, mel chunk, is_last, flush) rows -> per row (T_i, J) frames.
+        A flush row is encoded like the slot's next chunk without changing the slot's state."""
 
 
 class StreamDecoder(Protocol):
@@ -62,7 +63,12 @@ class DeviceDecoderBackend(Protocol):
     def release(self, slot: int) -> None: ...
 
     def decode(
-        self, slots: Sequence[int], frames: Sequence[np.ndarray], first_frames: Sequence[int]
+        self,
+        slots: Sequence[int],
+        frames: Sequence[np.ndarray],
+        first_frames: Sequence[int],
+        *,
+        commit: bool = True,
     ) -> list[list[Token]]: ...
 
 
@@ -212,27 +218,23 @@ class AsrModel:
         return FeaturesAndChunker(
             StreamingLogMel(self.bundle.mel_filters, cfg.features),
             MelChunker(lookahead, cfg.encoder.subsampling_factor),
+            flush_extra_chunks(lookahead, self._lookaheads),
         )
 
-    def frontend_spec(self) -> FrontEndSpec:
-        """How other processes build this model's front ends (file paths resolved: the bundle folder
-        may be a temporary view of symlinks)."""
+    def frontend_spec(self, vad: Any = None) -> FrontEndSpec:
+        """How other processes build this model's front ends; `vad` (a VadConfig) makes them flush at
+        speech ends."""
         import dataclasses
-        import os
-
-        from asr_core.bundle import MELFILTERS_FILE
 
         cfg = self.bundle.config
         return FrontEndSpec(
             features=dataclasses.asdict(cfg.features),
-            mel_filters_path=os.path.realpath(self.bundle.dir / MELFILTERS_FILE),
-            n_mels=cfg.features.n_mels,
-            n_bins=cfg.features.n_bins,
-            mel_filters_transposed=bool(self.bundle.mel_filters_transposed),
+            mel_filters=self.bundle.mel_filters,
             subsampling_factor=cfg.encoder.subsampling_factor,
             lookaheads=self._lookaheads,
             default_lookahead=self._default_lookahead,
             prompts=dict(cfg.prompt_dictionary),
+            vad=dataclasses.asdict(vad) if vad is not None else {},
         )
 
     def _graphs(self) -> Any:
@@ -279,8 +281,10 @@ class _EncoderAdapter:
     def release(self, slot: int) -> None:
         self._encoder.release(slot)
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
-        return list(self._encoder.step([self._row(slot, mel, is_last) for slot, mel, is_last in rows]))
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
+        return list(
+            self._encoder.step([self._row(slot, mel, last, flush) for slot, mel, last, flush in rows])
+        )
 
     def warmup(self, lookahead: int, max_batch: int) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (GPU; else a no-op)."""
@@ -318,7 +322,8 @@ class _StreamDecoderAdapter:
     def decode(self, state: Any, frames: np.ndarray, first_frame: int) -> list[Token]:
         base = state.frames
         return [
-            Token(int(e.token), first_frame + int(e.frame) - base) for e in self._dec.decode(state, frames)
+            Token(int(e.token), first_frame + int(e.frame) - base, float(e.prob))
+            for e in self._dec.decode(state, frames)
         ]
 
 
@@ -335,7 +340,7 @@ class _BatchDecoderAdapter:
         bases = [s.frames for s in states]
         out = self._dec.decode(list(states), list(frames))
         return [
-            [Token(int(e.token), f0 + int(e.frame) - b) for e in ems]
+            [Token(int(e.token), f0 + int(e.frame) - b, float(e.prob)) for e in ems]
             for ems, f0, b in zip(out, first_frames, bases, strict=True)
         ]
 
@@ -351,7 +356,12 @@ class _DeviceDecoderAdapter:
         self._dec.release(slot)
 
     def decode(
-        self, slots: Sequence[int], frames: Sequence[np.ndarray], first_frames: Sequence[int]
+        self,
+        slots: Sequence[int],
+        frames: Sequence[np.ndarray],
+        first_frames: Sequence[int],
+        *,
+        commit: bool = True,
     ) -> list[list[Token]]:
-        out = self._dec.decode(slots, frames, first_frames)
-        return [[Token(int(e.token), int(e.frame)) for e in ems] for ems in out]
+        out = self._dec.decode(slots, frames, first_frames, commit=commit)
+        return [[Token(int(e.token), int(e.frame), float(e.prob)) for e in ems] for ems in out]

@@ -42,6 +42,7 @@ from asr_core.wire import (
     Latency,
     Status,
     Step,
+    TimeToFinal,
     decode_output,
     encode_chunk,
     encode_close,
@@ -75,7 +76,7 @@ class ChunkSender:
     ) -> None:
         for i, p in enumerate(payloads):
             last = last_is_final and i == len(payloads) - 1
-            self._put(CHUNK, encode_chunk(key, p.mel, p.energies_db, p.completed_at, samples, last=last))
+            self._put(CHUNK, encode_chunk(key, p, samples, last=last))
 
     def finish(self, key: int, samples: int) -> None:
         self._put(FINISH, list(encode_finish(key, samples)))
@@ -221,7 +222,7 @@ class EngineProcess:
             return False
         return True
 
-    def read_results(self) -> list[Event | Step | Decode | Dropped | Latency | Status]:
+    def read_results(self) -> list[Event | Step | Decode | Dropped | Latency | TimeToFinal | Status]:
         """Everything the engine published since the last call (non-blocking)."""
         assert self.results is not None
         out = [decode_output(kind, view) for kind, view in self.results.poll()]

@@ -29,6 +29,10 @@ Invariants
    (1 + 8r mel frames) and the encoder's first-chunk padding; the last one because it carries the
    end-of-stream padding. Media time is kept: chunk `seq` covers encoder frames
    [seq*(r+1), (seq+1)*(r+1)) whatever was dropped before it.
+6. A flush (`push_chunk(..., flush=True)`: the stream's pending partial chunk, encoded without
+   touching its caches when the caller stopped speaking) takes the seq of the chunk that will later
+   cover the same audio and does not advance the count: it is ordered like any chunk (after the
+   chunks pushed before it) and its frames start at that chunk's first frame.
 5. A stream holds an encoder slot from the plan that carries its first chunk (`joined`) until the
    plan after its last chunk was reported, or after it was closed (`left`); a stream closed before
    its first chunk was planned leaves with `had_slot=False`. Every stream leaves exactly once.
@@ -76,6 +80,7 @@ class StepRow(Generic[P]):
     is_last: bool
     first_frame: int  # encoder frame index of the chunk's first frame on the stream's media timeline
     queue_wait_s: float  # from push to this plan
+    flush: bool = False  # a non-committing step of the partial chunk `seq` (invariant 6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +118,7 @@ class EncodedChunk(Generic[P]):
     is_last: bool
     payload: P
     queue_wait_s: float
+    flush: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +181,7 @@ class _Queued(Generic[P]):
     payload: P
     is_last: bool
     arrived_at: float
+    flush: bool = False
 
 
 @dataclass(slots=True)
@@ -233,13 +240,19 @@ class EncoderScheduler(Generic[P]):
         self._joins += 1
         self._refresh(s)
 
-    def push_chunk(self, key: int, payload: P, now: float, *, is_last: bool = False) -> list[ChunkDropped]:
-        """Queue the stream's next chunk; returns the chunk dropped to make room, if any."""
+    def push_chunk(
+        self, key: int, payload: P, now: float, *, is_last: bool = False, flush: bool = False
+    ) -> list[ChunkDropped]:
+        """Queue the stream's next chunk (or a flush of its partial next chunk, invariant 6); returns
+        the chunk dropped to make room, if any."""
         s = self._get(key)
         if s.phase is not StreamPhase.OPEN:
             raise ValueError(f"stream {key} takes no more chunks ({s.phase.name})")
-        s.queue.append(_Queued(seq=s.next_seq, payload=payload, is_last=is_last, arrived_at=now))
-        s.next_seq += 1
+        if flush and is_last:
+            raise ValueError("a flush is never the last chunk")
+        s.queue.append(_Queued(seq=s.next_seq, payload=payload, is_last=is_last, arrived_at=now, flush=flush))
+        if not flush:
+            s.next_seq += 1
         if is_last:
             s.got_last = True
             s.phase = StreamPhase.ENDING
@@ -303,6 +316,7 @@ class EncoderScheduler(Generic[P]):
                         is_last=q.is_last,
                         first_frame=q.seq * (s.lookahead + 1),
                         queue_wait_s=max(0.0, now - q.arrived_at),
+                        flush=q.flush,
                     )
                 )
         self.needs_wake = False
@@ -325,7 +339,8 @@ class EncoderScheduler(Generic[P]):
         out: list[EncodedChunk[P]] = []
         for row, f in zip(plan.rows, frames, strict=True):
             s = self._streams.get(row.key)
-            if s is None or s.in_flight is None or s.in_flight.seq != row.seq:
+            q = None if s is None else s.in_flight
+            if s is None or q is None or (q.seq, q.flush) != (row.seq, row.flush):
                 raise ValueError(f"step {plan.step_id}: stream {row.key} chunk {row.seq} was not in flight")
             s.in_flight = None
             s.encoded += 1
@@ -341,6 +356,7 @@ class EncoderScheduler(Generic[P]):
                         is_last=row.is_last,
                         payload=row.payload,
                         queue_wait_s=row.queue_wait_s,
+                        flush=row.flush,
                     )
                 )
             self._maybe_leave(s, now)

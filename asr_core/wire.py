@@ -3,12 +3,13 @@ numpy bytes, length-prefixed UTF-8. No pickling: a peer sends only data of these
 
 Into the engine (one channel per front-end process):
     OPEN(key, lookahead, language, stream_id)     a stream starts (its key is the sender's)
-    CHUNK(key, flags, completed_at, samples, mel, energies)   LAST flag: the stream's final short chunk
+    CHUNK(key, flags, completed_at, samples, mel, energies)   LAST: the stream's final short chunk;
+        FLUSH: the VAD's speech-end flush (flush_frames of real audio, the speech end's live time)
     FINISH(key, samples)                          no more chunks (after its last, if any)
     CLOSE(key)                                    abort
 Out of the engine (one channel to the process that publishes):
     EVENT(key, TranscriptEvent)   ENDED(key, StreamEnded)
-    STEP / DECODE / DROPPED / LATENCY             the engine's hooks (metrics live elsewhere)
+    STEP / DECODE / DROPPED / LATENCY / TTF       the engine's hooks (metrics live elsewhere)
     STATUS(json)                                  the engine's load, a few times a second
 
 Keys are unsigned 32-bit, chosen by the front-end side: (worker index << 24) | counter keeps them
@@ -18,6 +19,7 @@ unique across senders. Little-endian throughout.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,14 +28,17 @@ from typing import Any
 import numpy as np
 
 from asr_core.api import StreamEnded, TranscriptEvent
+from asr_core.frontend import ChunkPayload
 
 OPEN, CHUNK, FINISH, CLOSE = 1, 2, 3, 4
-EVENT, ENDED, STEP, DECODE, DROPPED, LATENCY, STATUS = 10, 11, 12, 13, 14, 15, 16
+EVENT, ENDED, STEP, DECODE, DROPPED, LATENCY, STATUS, TTF = 10, 11, 12, 13, 14, 15, 16, 17
 
 FLAG_LAST = 1
+FLAG_FLUSH = 2
 
 _OPEN = struct.Struct("<Ih")  # key, lookahead (-1: the default)
-_CHUNK = struct.Struct("<IBxHHHdQ")  # key, flags, n_frames, n_mels, n_energies, completed_at, samples
+# key, flags, n_frames, n_mels, n_energies, flush_frames, completed_at, samples, speech_end_at (NaN: none)
+_CHUNK = struct.Struct("<IBxHHHHdQd")
 _FINISH = struct.Struct("<IQ")  # key, samples
 _KEY = struct.Struct("<I")
 _EVENT = struct.Struct("<IBBxxIqqI")  # key, kind, at_end, segment, start_ms, end_ms, n_tokens
@@ -41,6 +46,7 @@ _ENDED = struct.Struct("<IBxxxqII")  # key, reason, audio_ms, chunks, dropped
 _STEP = struct.Struct("<dI")  # seconds, batch (then one float32 queue wait per row)
 _DECODE = struct.Struct("<dI")  # seconds, streams
 _LATENCY = struct.Struct("<Bd")  # kind, seconds
+_SECONDS = struct.Struct("<d")
 _STR = struct.Struct("<H")
 _F32 = np.dtype("<f4")
 _U32 = np.dtype("<u4")
@@ -83,10 +89,8 @@ class Open:
 class Chunk:
     key: int
     last: bool
-    completed_at: float
     samples: int
-    mel: np.ndarray
-    energies_db: np.ndarray
+    payload: ChunkPayload
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,13 +108,21 @@ def encode_open(key: int, lookahead: int | None, language: str, stream_id: str) 
     return [_OPEN.pack(key, -1 if lookahead is None else lookahead), _str(language), _str(stream_id)]
 
 
-def encode_chunk(
-    key: int, mel: np.ndarray, energies_db: np.ndarray, completed_at: float, samples: int, *, last: bool
-) -> list[bytes | memoryview]:
-    mel = np.ascontiguousarray(mel, _F32)
-    energies = np.ascontiguousarray(energies_db, _F32)
+def encode_chunk(key: int, p: ChunkPayload, samples: int, *, last: bool) -> list[bytes | memoryview]:
+    mel = np.ascontiguousarray(p.mel, _F32).reshape(p.mel.shape[0], -1)
+    energies = np.ascontiguousarray(p.energies_db, _F32)
+    flags = (FLAG_LAST if last else 0) | (FLAG_FLUSH if p.flush else 0)
+    speech_end = math.nan if p.speech_end_at is None else p.speech_end_at
     head = _CHUNK.pack(
-        key, FLAG_LAST if last else 0, mel.shape[0], mel.shape[1], energies.size, completed_at, samples
+        key,
+        flags,
+        mel.shape[0],
+        mel.shape[1],
+        energies.size,
+        p.flush_frames,
+        p.completed_at,
+        samples,
+        speech_end,
     )
     return [head, mel.data.cast("B"), energies.data.cast("B")]
 
@@ -127,13 +139,21 @@ def decode_input(kind: int, view: memoryview) -> Open | Chunk | Finish | Close:
     """One record of a front-end channel; arrays are copies (the view goes back to the ring)."""
     try:
         if kind == CHUNK:
-            key, flags, n, m, e, completed_at, samples = _CHUNK.unpack_from(view, 0)
+            key, flags, n, m, e, flush_frames, completed_at, samples, speech_end = _CHUNK.unpack_from(view, 0)
             at = _CHUNK.size
             if at + 4 * (n * m + e) != len(view):
                 raise WireError(f"chunk record of {len(view)} bytes for {n}x{m} + {e} floats")
             mel = np.frombuffer(view, _F32, n * m, at).reshape(n, m).copy()
             energies = np.frombuffer(view, _F32, e, at + 4 * n * m).copy()
-            return Chunk(key, bool(flags & FLAG_LAST), completed_at, samples, mel, energies)
+            payload = ChunkPayload(
+                mel,
+                energies,
+                completed_at,
+                flush=bool(flags & FLAG_FLUSH),
+                flush_frames=flush_frames,
+                speech_end_at=None if math.isnan(speech_end) else speech_end,
+            )
+            return Chunk(key, bool(flags & FLAG_LAST), samples, payload)
         if kind == OPEN:
             key, lookahead = _OPEN.unpack_from(view, 0)
             language, at = _read_str(view, _OPEN.size)
@@ -172,6 +192,11 @@ class Dropped:
 @dataclass(frozen=True, slots=True)
 class Latency:
     kind: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class TimeToFinal:
     seconds: float
 
 
@@ -227,11 +252,17 @@ def encode_latency(kind: str, seconds: float) -> list[bytes]:
     return [_LATENCY.pack(_KINDS.index(kind), seconds)]
 
 
+def encode_ttf(seconds: float) -> list[bytes]:
+    return [_SECONDS.pack(seconds)]
+
+
 def encode_status(values: dict[str, Any]) -> list[bytes]:
     return [json.dumps(values).encode()]
 
 
-def decode_output(kind: int, view: memoryview) -> Event | Step | Decode | Dropped | Latency | Status:
+def decode_output(
+    kind: int, view: memoryview
+) -> Event | Step | Decode | Dropped | Latency | TimeToFinal | Status:
     try:
         if kind == EVENT:
             key, k, at_end, segment, start_ms, end_ms, n_tokens = _EVENT.unpack_from(view, 0)
@@ -276,6 +307,8 @@ def decode_output(kind: int, view: memoryview) -> Event | Step | Decode | Droppe
         if kind == LATENCY:
             k, seconds = _LATENCY.unpack_from(view, 0)
             return Latency(_KINDS[k], seconds)
+        if kind == TTF:
+            return TimeToFinal(*_SECONDS.unpack_from(view, 0))
         if kind == STATUS:
             return Status(json.loads(bytes(view).decode()))
     except (struct.error, ValueError, IndexError, UnicodeDecodeError) as e:

@@ -34,7 +34,9 @@ class AsrSettings(BaseModel):
         None, description="Encoder lookahead in 80 ms frames; empty = bundle default"
     )
     endpoint_blank_ms: int = Field(
-        800, gt=0, description="An utterance ends after no new token for this long (in quiet audio)"
+        800,
+        gt=0,
+        description="Fallback to the VAD: no new token for this long (in quiet audio) ends an utterance",
     )
     endpoint_energy_db: float = Field(
         -45.0, le=0, description="Audio below this (dBFS) is quiet for endpointing; 0 = judge by tokens only"
@@ -44,6 +46,22 @@ class AsrSettings(BaseModel):
     )
     max_segment_ms: int = Field(
         30000, gt=0, description="Longest utterance; cut before the next word past it"
+    )
+    vad: Literal["webrtc", "energy", "off"] = Field(
+        "webrtc",
+        description="Voice activity per call: a pause ends the utterance at once (webrtc: WebRTC VAD "
+        "gated by ENDPOINT_ENERGY_DB; energy: that threshold alone; off: token silence only)",
+    )
+    vad_hangover_ms: int = Field(
+        150, ge=10, description="Non-speech after speech that ends an utterance (VAD); adds to time to final"
+    )
+    vad_min_speech_ms: int = Field(
+        60, ge=10, description="Shortest run of speech frames that counts as speech (clicks do not)"
+    )
+    vad_webrtc_mode: int = Field(3, ge=0, le=3, description="WebRTC VAD aggressiveness 0-3")
+    words: Literal["off", "final", "all"] = Field(
+        "final",
+        description="Which transcripts carry `words` (times, confidence): final, all (partials too), off",
     )
     partials: bool = Field(True, description="Publish partial transcripts (the open utterance's text so far)")
     partial_interval_ms: int = Field(

@@ -424,7 +424,11 @@ def engine_config(s: Settings) -> EngineConfig:
     """The engine's dataclasses from the typed settings: built field by field, so a renamed setting
     is a type error here instead of a silent fall-back to a default."""
     from asr_core.config import DecoderConfig, EndpointConfig, EngineConfig, SchedulerConfig
+    from asr_core.vad import VadConfig
 
+    # The VAD's energy gate is the assembler's quiet-audio threshold; 0 dBFS there (judge by tokens
+    # only) says nothing about the line's floor, so the gate keeps the VAD's own default.
+    vad_energy_db = s.asr.endpoint_energy_db if s.asr.endpoint_energy_db < 0.0 else VadConfig().energy_db
     return EngineConfig(
         scheduler=SchedulerConfig(
             max_batch=s.encoder.max_batch,
@@ -441,6 +445,14 @@ def engine_config(s: Settings) -> EngineConfig:
             max_segment_ms=s.asr.max_segment_ms,
             partial_interval_ms=s.asr.partial_interval_ms,
             partials=s.asr.partials,
+            words=s.asr.words,
+        ),
+        vad=VadConfig(
+            kind=s.asr.vad,
+            hangover_ms=s.asr.vad_hangover_ms,
+            min_speech_ms=s.asr.vad_min_speech_ms,
+            webrtc_mode=s.asr.vad_webrtc_mode,
+            energy_db=vad_energy_db,
         ),
         default_language=s.asr.language or "auto",
         default_lookahead=s.asr.lookahead,

@@ -79,6 +79,11 @@ TRANSCRIPT_LATENCY = Histogram(
     ["type"],
     buckets=_LATENCY_BUCKETS,
 )
+TIME_TO_FINAL = Histogram(
+    "ttg_time_to_final_seconds",
+    "From the caller's last speech sample (the VAD's speech end) to the final transcript it closed",
+    buckets=_LATENCY_BUCKETS,
+)
 
 # --- events to Redis -----------------------------------------------------------------------------
 EVENTS_PUBLISHED = Counter("ttg_events_published_total", "Events written to Redis", ["type"])
@@ -223,6 +228,9 @@ class PrometheusEngineHooks:
 
     def transcript(self, kind: str, latency_s: float) -> None:
         TRANSCRIPT_LATENCY.labels(kind).observe(latency_s)
+
+    def time_to_final(self, seconds: float) -> None:
+        TIME_TO_FINAL.observe(seconds)
 
 
 class PrometheusSinkHooks:

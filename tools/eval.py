@@ -8,8 +8,10 @@ other keys kept in the per-utterance output, `condition` can be filtered on).
 
 Modes:
 - `streaming` (default): every file goes through the engine exactly as `ttg transcribe` runs it
-  (features, chunker, batched MLX encoder with caches, ONNX greedy decoder, transcript assembly); the
-  hypothesis is the stream's final segments joined.
+  (features, chunker, batched MLX encoder with caches, ONNX greedy decoder, transcript assembly, and
+  the endpointing of `ttg serve`: the VAD closes utterances through flushes); the hypothesis is the
+  stream's final segments joined. `--vad off` leaves the closing to the token-silence rules, so
+  the two runs give the WER change caused by early finalization.
 - `offline`: whole-utterance log-mel, the encoder's offline forward with the chunked_limited mask of
   the same lookahead, one greedy pass over all frames. In exact arithmetic it equals streaming.
 - `both`: runs both, scores both, and lists the utterances whose two transcripts differ.
@@ -95,6 +97,7 @@ def run_streaming(
     audios: Sequence[np.ndarray],
     forced_lang: str | None,
     lookahead: int | None,
+    vad: str | None = None,
 ) -> list[str]:
     """Each entry through the engine (as `ttg transcribe`), STREAM_GROUP concurrent streams at a time."""
     from asr_core.api import StreamEnded, TranscriptEvent
@@ -113,6 +116,7 @@ def run_streaming(
                 [audios[i] for i in group],
                 language=lang,
                 lookahead=lookahead,
+                vad=vad,
             )
             for i, events in zip(group, results, strict=True):
                 end = events[-1]
@@ -190,6 +194,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--condition", default=None, help="only entries whose `condition` is this (e.g. test)"
     )
     parser.add_argument("--limit", type=int, default=None, help="only the first N entries")
+    parser.add_argument(
+        "--vad",
+        choices=("webrtc", "energy", "off"),
+        default=None,
+        help="streaming endpointing VAD (default: the engine's, as `ttg serve`)",
+    )
     parser.add_argument("--precision", default="auto", choices=["auto", "f32", "f16", "bf16"])
     parser.add_argument(
         "--json", dest="json_out", type=Path, default=None, help="write results (and every hypothesis) here"
@@ -216,6 +226,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         "set": str(args.set_path),
         "condition": args.condition,
         "lookahead": args.lookahead,
+        "vad": args.vad or "default",
         "utterances": len(entries),
         "audio_seconds": round(sum(len(a) for a in audios) / 16000, 1),
     }
@@ -223,7 +234,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if args.mode in ("streaming", "both"):
         model = AsrModel.load(model_dir, args.precision)
         t0 = time.monotonic()
-        hyps["streaming"] = run_streaming(model, entries, audios, args.lang, args.lookahead)
+        hyps["streaming"] = run_streaming(model, entries, audios, args.lang, args.lookahead, args.vad)
         result["streaming"] = _by_language(entries, refs, hyps["streaming"], args.lang)
         result["streaming"]["seconds"] = round(time.monotonic() - t0, 1)
     if args.mode in ("offline", "both"):

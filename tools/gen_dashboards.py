@@ -369,10 +369,12 @@ def asr_rows() -> list[Row]:
             "Transcripts",
             [
                 Panel(
-                    "Transcript latency by type",
-                    quantiles("ttg_transcript_latency_seconds", by="type"),
+                    "Time to final, transcript latency by type",
+                    [(q, "time to final " + legend) for q, legend in quantiles("ttg_time_to_final_seconds")]
+                    + quantiles("ttg_transcript_latency_seconds", by="type"),
                     unit="s",
-                    description="From the arrival of the audio completing a chunk to its transcript event",
+                    description="Time to final: from the caller's last speech sample (VAD) to the final "
+                    "it closed. By type: from the arrival of the audio completing a chunk to its event",
                 ),
                 Panel(
                     "Transcripts per second by type",

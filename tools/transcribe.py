@@ -44,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--segments", action="store_true", help="print each final segment with its times")
     parser.add_argument("--json", action="store_true", help="print every event as a JSON line")
     parser.add_argument(
+        "--vad",
+        choices=["webrtc", "energy", "off"],
+        default=None,
+        help="endpointing VAD (default: the engine's, as `ttg serve`; off: token silence only)",
+    )
+    parser.add_argument(
         "--decoder-mode",
         choices=["workers", "batched"],
         default=None,
@@ -113,15 +119,21 @@ def transcribe(
     lookahead: int | None,
     decoder_mode: str | None = None,
     on_event: Any = None,
+    vad: str | None = None,
 ) -> list[list[Any]]:
     """Run the files as concurrent streams; returns each file's events (StreamEnded last)."""
     from asr_core.api import StreamEnded, StreamOptions
     from asr_core.config import DecoderConfig, EngineConfig, SchedulerConfig
     from asr_core.engine import AsrEngine
+    from asr_core.vad import VadConfig
 
     decoder = DecoderConfig() if decoder_mode is None else DecoderConfig(mode=decoder_mode)  # type: ignore[arg-type]
     # A queue bound well above the reader's backlog limit: the file reader, not the drop policy, paces.
-    config = EngineConfig(scheduler=SchedulerConfig(max_queued_chunks=4 * BACKLOG_LIMIT), decoder=decoder)
+    config = EngineConfig(
+        scheduler=SchedulerConfig(max_queued_chunks=4 * BACKLOG_LIMIT),
+        decoder=decoder,
+        vad=VadConfig() if vad is None else VadConfig(kind=vad),  # type: ignore[arg-type]
+    )
     jobs = [_FileStream(p, a) for p, a in zip(files, audios, strict=True)]
 
     def callback(job: _FileStream) -> Any:
@@ -199,6 +211,7 @@ def main(args: argparse.Namespace) -> int:
             lookahead=args.lookahead,
             decoder_mode=args.decoder_mode,
             on_event=live,
+            vad=args.vad,
         )
     except ValueError as e:  # unknown language, unsupported lookahead
         print(f"ttg transcribe: {e}", file=sys.stderr)

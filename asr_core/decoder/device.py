@@ -119,12 +119,18 @@ class DeviceDecoder:
     # -- decoding --------------------------------------------------------------------------------
 
     def decode(
-        self, slots: Sequence[int], frames: Sequence[np.ndarray], first_frames: Sequence[int] | None = None
+        self,
+        slots: Sequence[int],
+        frames: Sequence[np.ndarray],
+        first_frames: Sequence[int] | None = None,
+        *,
+        commit: bool = True,
     ) -> list[list[Emission]]:
         """Decode each slot's chunk of joiner frames (T_i, J). An emission's frame is the chunk's
         `first_frames[i]` plus its offset in the chunk (the stream's media timeline, which skips
         dropped chunks); without `first_frames`, the slot's own count of frames decoded (as
-        `GreedyDecoder`)."""
+        `GreedyDecoder`). `commit=False` decodes from the slots' states without keeping the new ones
+        (a flush's padding: what the caller would say next is not known yet)."""
         n = len(slots)
         if n != len(frames):
             raise ValueError("one frames array per slot")
@@ -156,6 +162,7 @@ class DeviceDecoder:
         sym = mx.zeros((bp,), dtype=mx.int32)
         rows = mx.arange(bp)
         ks: list[mx.array] = []
+        ps: list[mx.array] = []
         emits: list[mx.array] = []
         ts: list[mx.array] = []
         budget = t_max * (self.max_symbols + 1)  # every row is done after this many iterations
@@ -164,8 +171,9 @@ class DeviceDecoder:
         extra = 2
         while True:
             while queued < min(want, budget):
-                k, emit, t_now, t, sym, g, h, c = self._step(feats, lens, rows, t, sym, g, h, c)
+                k, p, emit, t_now, t, sym, g, h, c = self._step(feats, lens, rows, t, sym, g, h, c)
                 ks.append(k)
+                ps.append(p)
                 emits.append(emit)
                 ts.append(t_now)
                 queued += 1
@@ -177,18 +185,20 @@ class DeviceDecoder:
                 break
             want = queued + extra
             extra *= 2
-        real = idx[:n]
-        self._g[real] = g[:n]
-        self._h[:, real] = h[:, :n]
-        self._c[:, real] = c[:, :n]
-        stacked = [mx.stack(x) for x in (ks, emits, ts)]
+        if commit:
+            real = idx[:n]
+            self._g[real] = g[:n]
+            self._h[:, real] = h[:, :n]
+            self._c[:, real] = c[:, :n]
+        stacked = [mx.stack(x) for x in (ks, ps, emits, ts)]
         mx.eval(*stacked, self._g, self._h, self._c)
-        k_host, e_host, t_host = (np.array(x) for x in stacked)
+        k_host, p_host, e_host, t_host = (np.array(x) for x in stacked)
         base = list(first_frames) if first_frames is not None else [self._frames[s] for s in slots]
         for it, r in zip(*np.nonzero(e_host[:, :n]), strict=True):
-            out[r].append(Emission(int(k_host[it, r]), base[r] + int(t_host[it, r])))
-        for s, length in zip(slots, lengths.tolist(), strict=True):
-            self._frames[s] += length
+            out[r].append(Emission(int(k_host[it, r]), base[r] + int(t_host[it, r]), float(p_host[it, r])))
+        if commit:
+            for s, length in zip(slots, lengths.tolist(), strict=True):
+                self._frames[s] += length
         return out
 
     def _iteration(
@@ -204,7 +214,9 @@ class DeviceDecoder:
     ) -> tuple[mx.array, ...]:
         active = t < lens
         f = feats[rows, mx.minimum(t, feats.shape[1] - 1)]
-        k = mx.argmax(self.net.joint(f, g), axis=1).astype(mx.int32)
+        logits = self.net.joint(f, g).astype(mx.float32)
+        k = mx.argmax(logits, axis=1).astype(mx.int32)
+        p = mx.exp(mx.max(logits, axis=1) - mx.logsumexp(logits, axis=1))  # the winner's probability
         emit = active & (k != self.blank_id)
         g_new, h_new, c_new = self.net.predict(mx.where(emit, k, self.blank_id), h, c)
         e = emit[:, None]
@@ -216,4 +228,4 @@ class DeviceDecoder:
         t_now = t
         t = t + advance.astype(mx.int32)
         sym = mx.where(advance, 0, sym)
-        return k, emit, t_now, t, sym, g, h, c
+        return k, p, emit, t_now, t, sym, g, h, c

@@ -1,7 +1,8 @@
 """The prediction network and joint in MLX (Metal / CUDA / CPU): for the batched decoder on a device.
 
 Same math as the ONNX graphs (weights from `RnntGraphs.weights()`, checked against onnxruntime);
-`joiner_argmax` returns only the B winning ids, so the B x V logits never leave the device. The
+`joiner_argmax_prob` returns only the B winning ids and their softmax probabilities, so the B x V
+logits never leave the device. The
 greedy loop itself stays on the host (`BatchedGreedyDecoder`), one joiner call per inner iteration.
 """
 
@@ -32,7 +33,7 @@ class MlxRnnt:
         ]
         self._proj = (mx.array(weights.proj_w.T, dtype=dtype), mx.array(weights.proj_b, dtype=dtype))
         self._head = (mx.array(weights.head_w.T, dtype=dtype), mx.array(weights.head_b, dtype=dtype))
-        self._argmax = mx.compile(self._joint_argmax)
+        self._argmax_prob = mx.compile(self._joint_argmax_prob)
         self._step = mx.compile(self.predict)
 
     def zero_state(self, batch: int) -> tuple[F32, F32]:
@@ -56,8 +57,10 @@ class MlxRnnt:
         """The joint on device arrays: f, g (B, J) -> logits (B, V)."""
         return mx.maximum(f + g, 0) @ self._head[0] + self._head[1]
 
-    def _joint_argmax(self, f: mx.array, g: mx.array) -> mx.array:
-        return mx.argmax(self.joint(f, g), axis=1)
+    def _joint_argmax_prob(self, f: mx.array, g: mx.array) -> tuple[mx.array, mx.array]:
+        logits = self.joint(f, g).astype(mx.float32)
+        top = mx.max(logits, axis=1)
+        return mx.argmax(logits, axis=1), mx.exp(top - mx.logsumexp(logits, axis=1))
 
     def decoder_step(self, tokens: NDArray[np.integer], h: F32, c: F32) -> tuple[F32, F32, F32]:
         t = mx.array(np.asarray(tokens, np.int32))
@@ -69,6 +72,6 @@ class MlxRnnt:
         out = self.joint(mx.array(f, dtype=self.dtype), mx.array(g, dtype=self.dtype))
         return np.array(out, np.float32)
 
-    def joiner_argmax(self, f: F32, g: F32) -> NDArray[np.int64]:
-        out = self._argmax(mx.array(f, dtype=self.dtype), mx.array(g, dtype=self.dtype))
-        return np.array(out, np.int64)
+    def joiner_argmax_prob(self, f: F32, g: F32) -> tuple[NDArray[np.int64], F32]:
+        ids, probs = self._argmax_prob(mx.array(f, dtype=self.dtype), mx.array(g, dtype=self.dtype))
+        return np.array(ids, np.int64), np.array(probs, np.float32)

@@ -90,7 +90,7 @@ from gateway.call.contract import (
     UpdateMedia,
 )
 from gateway.call.invite import call_metadata, choose_language
-from gateway.events import CallEvent, EventType
+from gateway.events import CallEvent, EventType, words_json
 from gateway.sdp import (
     MediaPlan,
     Negotiation,
@@ -292,6 +292,7 @@ class Leg:
     dtmf_events: int = 0
     stream_end: StreamEnded | None = None
     asr_failure: str = ""  # "timeout" when the stream did not end in time
+    refused_error: str = ""  # why the stream refused audio (the engine's error, kept for call_end)
 
 
 def assign_legs(
@@ -472,13 +473,15 @@ class CallCore:
                 return Input.RTP_TIMEOUT
             case AudioRefused(error=error):
                 self.log.warning("ASR stream of leg %s refused audio: %s", leg.name, error)
+                leg.refused_error = leg.refused_error or error
                 return Input.ERROR
             case Transcript(event=ev):
                 if self._publishing:
                     lang = ev.detected_language or leg.language
+                    extra = {"words": words_json(ev.words)} if ev.words else {}
                     self._publish(
                         ev.kind, leg, segment_id=ev.segment_id, text=ev.text, start_ms=ev.start_ms,
-                        end_ms=ev.end_ms, lang=lang,
+                        end_ms=ev.end_ms, lang=lang, extra=extra,
                     )  # fmt: skip
                 return None
             case AsrEnded(event=ended):
@@ -755,6 +758,10 @@ def _leg_fields(leg: Leg) -> dict[str, str]:
             out["asr_error"] = leg.stream_end.error[:300]
     if leg.asr_failure:
         out["asr"] = leg.asr_failure
+    if leg.refused_error and "asr_error" not in out:
+        # The stream refused audio and ended without an error of its own (or not in time): the
+        # engine's error is still what call_end should say.
+        out["asr_error"] = leg.refused_error[:300]
     for key, value in leg.stats.items():
         out.setdefault(key, value)
     return out

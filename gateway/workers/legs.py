@@ -30,7 +30,7 @@ from typing import Any
 from asr_core.api import StreamEnded, TranscriptEvent
 from asr_core.frontend import FrontEndSpec
 from asr_core.hooks import EngineHooks
-from asr_core.wire import Decode, Dropped, Event, Latency, Status, Step
+from asr_core.wire import Decode, Dropped, Event, Latency, Status, Step, TimeToFinal
 from gateway import metrics
 from gateway.call.contract import (
     AsrEnded,
@@ -210,6 +210,8 @@ class WorkerLegs:
                 hooks.decoder_step(out.seconds, out.streams)
             elif isinstance(out, Latency):
                 hooks.transcript(out.kind, out.seconds)
+            elif isinstance(out, TimeToFinal):
+                hooks.time_to_final(out.seconds)
             elif isinstance(out, Dropped):
                 hooks.chunk_dropped("")
             elif isinstance(out, Status):

@@ -131,7 +131,7 @@ class MediaWorker:
         lookahead = msg.get("lookahead")
         lookahead = self.factory.spec.default_lookahead if lookahead is None else int(lookahead)
         key = int(msg["key"])
-        leg = _Leg(self, name, key, StreamFrontEnd(self.factory.new(lookahead), lookahead))
+        leg = _Leg(self, name, key, self.factory.stream(lookahead))
         self.legs[name] = leg
         self.sender.open(
             key, lookahead, str(msg.get("language") or "auto"), str(msg.get("stream_id") or name)

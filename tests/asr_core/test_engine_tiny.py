@@ -20,6 +20,7 @@ from asr_core.api import AsrEvent, StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import DecoderConfig, DecoderMode, EndpointConfig, EngineConfig, SchedulerConfig
 from asr_core.engine import AsrEngine
 from asr_core.model import AsrModel, EncoderBackend
+from asr_core.vad import VadConfig
 from tools.bench.engine import synthetic_call
 
 SR = 16_000
@@ -87,11 +88,12 @@ class RecordingModel:
             def release(self, slot: int) -> None:
                 inner.release(slot)
 
-            def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
+            def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
                 out = inner.step(rows)
                 batch_sizes.append(len(rows))
-                for (slot, _, _), frames in zip(rows, out, strict=True):
-                    current[slot].append(np.array(frames, copy=True))
+                for (slot, _, _, flush), frames in zip(rows, out, strict=True):
+                    if not flush:
+                        current[slot].append(np.array(frames, copy=True))
                 return out
 
         return Recorder()
@@ -203,6 +205,9 @@ class CountingHooks:
     def transcript(self, kind: str, latency_s: float) -> None:
         pass
 
+    def time_to_final(self, seconds: float) -> None:
+        pass
+
 
 def test_64_concurrent_real_time_streams_match_solo_runs_without_drops(tiny_model: AsrModel) -> None:
     """64 calls paced at real time (100 ms blocks, starts staggered over one chunk), default queue
@@ -252,8 +257,9 @@ def _espeak(text: str, path: Path) -> np.ndarray:
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed")
 def test_finals_come_at_the_pauses_of_spoken_audio(tiny_model: AsrModel, tmp_path: Path) -> None:
-    """espeak-ng speech in three phrases separated by 1.5 s of silence: a final at each pause (not at
-    the end of the stream), inside its phrase's time span; partials are prefixes of what follows."""
+    """espeak-ng speech in three phrases separated by 1.5 s of silence: the token-silence rule alone
+    (the fallback where no VAD closes) gives a final at each pause (not at the end of the stream),
+    inside its phrase's time span; partials are prefixes of what follows."""
     gap = np.zeros(int(1.5 * SR), np.float32)
     phrases = [
         _espeak(t, tmp_path / f"p{i}.wav")
@@ -266,7 +272,10 @@ def test_finals_come_at_the_pauses_of_spoken_audio(tiny_model: AsrModel, tmp_pat
         spans.append(((pos + voiced[0]) * 1000 // SR, (pos + voiced[-1]) * 1000 // SR))
         pos += len(p) + len(gap)
 
-    cfg = EngineConfig(endpoint=EndpointConfig(blank_ms=800, energy_db=-45.0, partial_interval_ms=300))
+    cfg = EngineConfig(
+        endpoint=EndpointConfig(blank_ms=800, energy_db=-45.0, partial_interval_ms=300),
+        vad=VadConfig(kind="off"),
+    )
     with AsrEngine(tiny_model, cfg) as eng:
         col = run_solo(eng, audio, StreamOptions(language="en-US"))
     finals = [e for e in col.transcripts if e.kind == "final"]

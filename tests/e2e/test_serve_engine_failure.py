@@ -45,7 +45,7 @@ class _FailingEncoder:
     def release(self, slot: int) -> None:
         self._encoder.release(slot)
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
         self._left -= 1
         if self._left <= 0:
             raise RuntimeError("injected: the GPU fell off the bus")

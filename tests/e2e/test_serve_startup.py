@@ -152,10 +152,11 @@ def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.Mo
 
     defaults = engine_config(Settings())
     # The settings' defaults are the engine's own defaults (two places, one set of numbers).
-    assert (defaults.scheduler, defaults.decoder, defaults.endpoint) == (
+    assert (defaults.scheduler, defaults.decoder, defaults.endpoint, defaults.vad) == (
         EngineConfig().scheduler,
         EngineConfig().decoder,
         EngineConfig().endpoint,
+        EngineConfig().vad,
     )
     monkeypatch.setenv("TTG_DECODER__MODE", "workers")
     monkeypatch.setenv("NEMO_WORKERS", "5")
@@ -167,12 +168,31 @@ def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.Mo
     monkeypatch.setenv("TTG_ASR__PARTIALS", "false")
     monkeypatch.setenv("TTG_ASR__LANGUAGE", "uk-UA")
     monkeypatch.setenv("TTG_ASR__LOOKAHEAD", "6")
+    monkeypatch.setenv("TTG_ASR__VAD", "energy")
+    monkeypatch.setenv("TTG_ASR__VAD_HANGOVER_MS", "200")
+    monkeypatch.setenv("TTG_ASR__VAD_MIN_SPEECH_MS", "80")
+    monkeypatch.setenv("TTG_ASR__VAD_WEBRTC_MODE", "1")
+    monkeypatch.setenv("TTG_ASR__ENDPOINT_ENERGY_DB", "-50")
+    monkeypatch.setenv("TTG_ASR__WORDS", "all")
     cfg = engine_config(Settings())
     assert (cfg.decoder.mode, cfg.decoder.workers) == ("workers", 5)
     assert (cfg.scheduler.max_batch, cfg.scheduler.max_queued_chunks) == (128, 8)
     assert cfg.scheduler.max_undecoded_chunks == 3
     assert (cfg.endpoint.blank_ms, cfg.endpoint.max_blank_ms, cfg.endpoint.partials) == (600, 1500, False)
     assert (cfg.default_language, cfg.default_lookahead) == ("uk-UA", 6)
+    assert (cfg.vad.kind, cfg.vad.hangover_ms, cfg.vad.min_speech_ms, cfg.vad.webrtc_mode) == (
+        "energy",
+        200,
+        80,
+        1,
+    )
+    # The VAD's energy gate is the assembler's quiet-audio threshold...
+    assert (cfg.endpoint.energy_db, cfg.vad.energy_db) == (-50.0, -50.0)
+    assert cfg.endpoint.words == "all"
+    # ...unless that is 0 dBFS (judge by tokens only): then the gate keeps the VAD's default.
+    monkeypatch.setenv("TTG_ASR__ENDPOINT_ENERGY_DB", "0")
+    cfg = engine_config(Settings())
+    assert (cfg.endpoint.energy_db, cfg.vad.energy_db) == (0.0, EngineConfig().vad.energy_db)
 
 
 def test_flags_override_the_environment_which_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

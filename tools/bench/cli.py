@@ -1,5 +1,5 @@
-"""`ttg bench <name> ...` (encoder, engine, engine-procs, decoder, media, sip, sink, channel, gateway, quant):
-dispatch to tools/bench/<name>.py (dashes as underscores).
+"""`ttg bench <name> ...` (encoder, engine, engine-procs, decoder, media, sip, sink, channel, gateway,
+quant, ttf, vad): dispatch to tools/bench/<name>.py (dashes as underscores).
 
 Each benchmark module defines `add_arguments(parser)` and `main(args) -> int`. Only the chosen one is
 imported (like the subcommands of `ttg`), so a benchmark runs on a host that lacks what the others
@@ -24,6 +24,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "channel": ("tools.bench.channel", "chunk transport between processes: shared-memory channel vs pipes"),
     "gateway": ("tools.bench.gateway", "whole-gateway load levels: redis + ttg serve + ttg replay, CPU/GPU"),
     "quant": ("tools.bench.quant", "encoder step and weight memory: f16 vs q8 vs mixed68 bundles, same run"),
+    "vad": ("tools.bench.vad", "voice activity on telephone audio: end-of-speech latency, misses, splits"),
+    "ttf": ("tools.bench.ttf", "time to final through real calls: redis-server + ttg serve + ttg replay"),
 }
 
 

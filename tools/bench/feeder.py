@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from asr_core.channel import ChannelEnd, ChannelWriter
-from asr_core.frontend import FrontEndFactory, FrontEndSpec, StreamFrontEnd
+from asr_core.frontend import FrontEndFactory, FrontEndSpec
 from asr_core.remote import ChunkSender
 
 SAMPLE_RATE = 16_000
@@ -54,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
     # Distinct voices for up to --voices calls, reused beyond (each call's phase differs anyway).
     voices = [synthetic_call(args.seconds, seed=args.seed + k) for k in range(min(args.calls, args.voices))]
     audio = [voices[k % len(voices)] for k in range(args.calls)]
-    fronts = [StreamFrontEnd(factory.new(lookahead), lookahead) for _ in range(args.calls)]
+    fronts = [factory.stream(lookahead) for _ in range(args.calls)]
     n_blocks = -(-audio[0].size // block)
     period = (lookahead + 1) * 0.08
     schedule = sorted(

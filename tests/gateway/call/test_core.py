@@ -4,12 +4,13 @@ at most one call_start, exactly one call_end after it, every transcript and DTMF
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
 
-from asr_core.api import StreamEnded, TranscriptEvent
+from asr_core.api import StreamEnded, TranscriptEvent, Word
 from gateway.call.contract import (
     Acked,
     AckTimedOut,
@@ -43,7 +44,7 @@ from gateway.call.contract import (
     UpdateMedia,
 )
 from gateway.call.core import CallConfig, CallCore, CallState
-from gateway.events import CallEvent
+from gateway.events import CallEvent, from_fields, to_fields
 from gateway.sip.message import SipRequest, parse_message
 from tests.gateway.sip.factories import SDP_OFFER, UDP, invite, request
 
@@ -371,6 +372,7 @@ def test_call_start_carries_the_invite_metadata_and_call_end_the_legs_numbers() 
     assert start.leg == dtmf.leg == final.leg == end.leg == "caller"
     assert (dtmf.text, dtmf.start_ms, dtmf.end_ms) == ("5", 1200, 1360)
     assert (final.text, final.end_ms, final.lang) == ("hello", 640, "en-US")
+    assert "words" not in final.extra  # an event without words has no words field
     assert end.extra["reason"] == "bye" and end.extra["duration_ms"] == "3000"  # INVITE (t=100) to BYE
     assert (end.extra["audio_ms"], end.extra["dtmf_events"], end.extra["rtp_packets"]) == ("1000", "1", "50")
     assert (end.extra["asr"], end.extra["asr_dropped_chunks"]) == ("finished", "0")
@@ -383,6 +385,45 @@ def test_a_detected_language_is_the_transcripts_language() -> None:
         Transcript("caller", TranscriptEvent(CALL, "final", 0, "привіт", 0, 640, detected_language="uk-UA"))
     )
     assert d.published[-1].lang == "uk-UA"
+
+
+def test_words_are_published_as_a_json_field_of_the_final() -> None:
+    d = Driver.new()
+    d.run(SETUP)
+    words = (Word("hello", 80, 400, 0.91), Word("there", 400, 640, 0.5))
+    d.feed(Transcript("caller", TranscriptEvent(CALL, "final", 0, "hello there", 0, 640, words=words)))
+    fields = to_fields(d.published[-1], 2)
+    assert json.loads(fields["words"]) == [
+        {"word": "hello", "start_ms": 80, "end_ms": 400, "confidence": 0.91},
+        {"word": "there", "start_ms": 400, "end_ms": 640, "confidence": 0.5},
+    ]
+    assert from_fields(fields)[0].extra["words"] == fields["words"]  # consumers of schema v1 read it back
+
+
+REFUSED = AudioRefused("caller", "ASR engine failed: RuntimeError('the GPU fell off the bus')")
+
+
+@pytest.mark.parametrize(
+    ("ending", "asr"),
+    [
+        ([(FINISHED, ["Publish call_end error asr=finished"])], "finished"),
+        ([(TIMER, ["CloseAsr caller", "Publish call_end error asr=timeout"])], "timeout"),
+    ],
+)
+def test_call_end_says_why_the_stream_refused_audio_when_its_end_does_not(
+    ending: list[Step], asr: str
+) -> None:
+    d = Driver.new()
+    d.run([*SETUP, (REFUSED, ["Hangup error", "CloseMedia caller"]), (CLOSED, ["FinishAsr caller"]), *ending])
+    end = d.published[-1]
+    assert (end.extra["asr"], end.extra["asr_error"]) == (asr, REFUSED.error)
+
+
+def test_the_streams_own_error_is_what_call_end_says_when_it_has_one() -> None:
+    d = Driver.new()
+    d.run([*SETUP, (REFUSED, ["Hangup error", "CloseMedia caller"]), (CLOSED, ["FinishAsr caller"])])
+    d.run([(ENGINE_FAILED, ["Publish call_end error asr=error"])])
+    assert d.published[-1].extra["asr_error"] == "encoder thread died"
 
 
 def test_an_unknown_language_falls_back_to_the_default_and_then_is_refused() -> None:
