@@ -7,13 +7,16 @@ the bundle.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from asr_core.vad import VadConfig
 
-DecoderMode = Literal["workers", "batched"]
-DECODER_MODES: tuple[DecoderMode, ...] = ("workers", "batched")
+DecoderMode = Literal["workers", "batched", "device"]
+DECODER_MODES: tuple[DecoderMode, ...] = ("workers", "batched", "device")
+WaitPolicy = Literal["adaptive", "fixed"]
+WAIT_POLICIES: tuple[WaitPolicy, ...] = ("adaptive", "fixed")
 WordsMode = Literal["off", "final", "all"]
 WORDS_MODES: tuple[WordsMode, ...] = ("off", "final", "all")
 
@@ -23,7 +26,11 @@ class SchedulerConfig:
     # Most chunks (one per stream) in one encoder step.
     max_batch: int = 64
     # A ready chunk waits at most this long for a fuller batch (0 = step as soon as anything is ready).
-    max_wait_ms: float = 10.0
+    max_wait_ms: float = 100.0
+    # "adaptive": wait a few times the measured fixed cost of a step (capped by max_wait_ms), so that
+    # an accelerator whose step costs the same for 1 or 128 rows steps on full batches while a CPU,
+    # whose step cost grows with every row, hardly waits. "fixed": always max_wait_ms.
+    wait_policy: WaitPolicy = "adaptive"
     # Chunks a stream may have queued before the encoder; beyond it the oldest droppable one is dropped
     # (16 x 320 ms = 5 s of audio at the default lookahead).
     max_queued_chunks: int = 16
@@ -36,6 +43,8 @@ class SchedulerConfig:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        if self.wait_policy not in WAIT_POLICIES:
+            raise ValueError(f"wait_policy must be one of {WAIT_POLICIES}, got {self.wait_policy!r}")
         if self.max_queued_chunks < 2:
             # The first and the last chunk of a stream are never dropped, so a bound of 1 could not hold.
             raise ValueError(f"max_queued_chunks must be >= 2, got {self.max_queued_chunks}")
@@ -47,6 +56,8 @@ class SchedulerConfig:
 class DecoderConfig:
     # "workers": each stream pinned to one of `workers` threads that decodes its chunks one by one.
     # "batched": each worker advances all its due streams in one batched greedy pass.
+    # "device": the MLX thread decodes every row of an encoder step on the accelerator right after the
+    # step (predictor states stay on the device); the workers only assemble transcripts.
     mode: DecoderMode = "batched"
     workers: int = 2
 
@@ -111,3 +122,21 @@ class EngineConfig:
     # StreamOptions.language "" / lookahead None fall back to these (None = the bundle's default).
     default_language: str = "auto"
     default_lookahead: int | None = None
+
+
+def engine_config_to_json(config: EngineConfig) -> dict[str, Any]:
+    """The config as plain data (for a process that runs the engine elsewhere)."""
+    from dataclasses import asdict
+
+    return asdict(config)
+
+
+def engine_config_from_json(data: Mapping[str, Any]) -> EngineConfig:
+    """Inverse of `engine_config_to_json`; unknown keys are errors (both ends are this code)."""
+    return EngineConfig(
+        scheduler=SchedulerConfig(**data["scheduler"]),
+        decoder=DecoderConfig(**data["decoder"]),
+        endpoint=EndpointConfig(**data["endpoint"]),
+        vad=VadConfig(**data["vad"]),
+        **{k: v for k, v in data.items() if k not in ("scheduler", "decoder", "endpoint", "vad")},
+    )

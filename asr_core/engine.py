@@ -56,11 +56,9 @@ import contextlib
 import copy
 import itertools
 import logging
-import math
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -70,35 +68,21 @@ import numpy as np
 from asr_core.api import SAMPLE_RATE_HZ, AsrEvent, EventCallback, StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import EngineConfig
 from asr_core.errors import EngineStoppedError, StreamClosedError
+from asr_core.frontend import ChunkPayload, StreamFrontEnd
 from asr_core.hooks import EngineHooks, NullHooks
-from asr_core.model import BatchDecoder, EncoderBackend, EngineModel, FrontEnd, StreamDecoder
+from asr_core.model import (
+    BatchDecoder,
+    DeviceDecoderBackend,
+    EncoderBackend,
+    EngineModel,
+    StreamDecoder,
+)
 from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepPlan, StreamPhase
-from asr_core.transcript import FRAME_MS, Token, TranscriptAssembler
-from asr_core.vad import SpeechEndDetector
+from asr_core.transcript import Token, TranscriptAssembler
 
 logger = logging.getLogger(__name__)
 
-SAMPLES_PER_FRAME = SAMPLE_RATE_HZ * FRAME_MS // 1000  # 1280: one encoder frame = 8 hops of 160
-# Encoder frame j's receptive field ends at sample 1280*j + 200 (mel frame 8j's window); its energy
-# is that of the 80 ms of audio ending there: the newest audio the frame sees.
-_ENERGY_END = 200
-_SILENT_DB = -120.0
 _LAG_SAMPLES = 512  # chunk lags kept per stream for its end-of-stream stats (most recent)
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkPayload:
-    """What travels with a mel chunk from the caller through the encoder to the decoder worker."""
-
-    mel: np.ndarray
-    energies_db: np.ndarray  # per encoder frame of the chunk (full chunk length; a short one is cut)
-    completed_at: float  # monotonic time of the push that completed the chunk
-    # The VAD said the caller stopped: `mel` is the partial next chunk padded to a whole one, encoded
-    # without committing; its first `flush_frames` encoder frames (real audio) are decoded and the
-    # utterance is closed.
-    flush: bool = False
-    flush_frames: int = 0
-    speech_end_at: float | None = None  # flush: monotonic time the caller's last speech was live
 
 
 # -- messages to decoder workers ---------------------------------------------------------------
@@ -114,6 +98,18 @@ class _Opened:
 class _Done:
     key: int
     reason: str  # "finished" | "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """A chunk the MLX thread already decoded on the device (decoder mode "device"): its tokens from
+    frame `skip` on, and for a flush the tokens of its padding (decoded from a copy of the state)."""
+
+    chunk: EncodedChunk[ChunkPayload]
+    tokens: list[Token]
+    skip: int
+    padding_tokens: list[Token]
+    seconds: float  # this chunk's share of the batched decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,12 +160,15 @@ class AsrEngine:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._sched: EncoderScheduler[ChunkPayload] = EncoderScheduler(self.config.scheduler)
-        self._streams: dict[int, AsrStream] = {}  # open or draining streams, until StreamEnded
+        self._streams: dict[int, _StreamHandle] = {}  # open or draining streams, until StreamEnded
         self._idle = threading.Condition(self._lock)
         self._keys = itertools.count(1)
         self._load = [0] * self.config.decoder.workers
         self._slots: dict[int, int] = {}  # MLX thread only
         self._encoder: EncoderBackend | None = None  # built and owned by the MLX thread
+        self._device: DeviceDecoderBackend | None = None  # decoder mode "device": the MLX thread's too
+        self._device_slots: dict[int, int] = {}  # MLX thread only
+        self._device_next: dict[int, int] = {}  # MLX thread only: first frame not decoded, per stream
         self._ready = threading.Event()
         self._route: dict[int, int] = {}  # stream key -> its worker, until its _Done is sent
         self._workers: list[_DecoderWorker] = []
@@ -183,12 +182,14 @@ class AsrEngine:
     def start(self) -> AsrEngine:
         if self._mlx_thread is not None:
             raise RuntimeError("engine already started")
-        batched = self.config.decoder.mode == "batched"
+        mode = self.config.decoder.mode
         for i in range(self.config.decoder.workers):
-            dec: StreamDecoder | BatchDecoder = (
-                self.model.new_batch_decoder() if batched else self.model.new_decoder()
-            )
-            self._workers.append(_DecoderWorker(self, i, dec, batched))
+            dec: StreamDecoder | BatchDecoder | None = None
+            if mode == "batched":
+                dec = self.model.new_batch_decoder()
+            elif mode == "workers":
+                dec = self.model.new_decoder()
+            self._workers.append(_DecoderWorker(self, i, dec, mode == "batched"))
         for w in self._workers:
             w.thread.start()
         self._mlx_thread = threading.Thread(target=self._encoder_loop, name="asr-encoder", daemon=True)
@@ -217,6 +218,23 @@ class AsrEngine:
         with self._lock:
             return len(self._streams)
 
+    def status(self) -> dict[str, float]:
+        """How far behind the engine is: `lag_s` is the longest time, over the last second or two,
+        from a chunk's audio arriving to its chunk being decoded (the delay every transcript carries);
+        `queued_chunks` waits for the encoder; `max_wait_ms` is the scheduler's current batching wait."""
+        now = self._clock()
+        with self._lock:
+            queued = self._sched.total_queued()
+            streams = len(self._streams)
+            wait = self._sched.max_wait_s
+        return {
+            "active_streams": streams,
+            "queued_chunks": queued,
+            "lag_s": max((w.lag.value(now) for w in self._workers), default=0.0),
+            "max_wait_ms": 1000 * wait,
+            "failed": self._failure is not None,
+        }
+
     def shutdown(self, *, drain: bool = True, timeout: float = 30.0) -> None:
         """Stop taking streams; finish (drain=True: flush, finals for all) or close every open stream,
         wait for their `StreamEnded` (closing what is left after `timeout`), then join the threads."""
@@ -225,7 +243,7 @@ class AsrEngine:
             streams = list(self._streams.values())
         for s in streams:
             with contextlib.suppress(StreamClosedError, EngineStoppedError):
-                s.finish() if drain else s.close()
+                s.drain() if drain else s.close()
         deadline = self._clock() + timeout
         with self._idle:
             while self._streams and self._failure is None:
@@ -256,7 +274,29 @@ class AsrEngine:
     # -- streams -------------------------------------------------------------------------------
 
     def open_stream(self, stream_id: str, options: StreamOptions, on_event: EventCallback) -> AsrStream:
-        """Start a stream; its events go to `on_event` (called on engine threads, in order)."""
+        """Start a stream fed with audio; its events go to `on_event` (called on engine threads, in order)."""
+        shared = self._prepare(stream_id, options, on_event)
+        vad = self.config.vad
+        frontend = StreamFrontEnd(
+            self.model.new_frontend(shared.lookahead),
+            shared.lookahead,
+            vad if vad.enabled else None,
+            self._clock,
+        )
+        stream = AsrStream(self, shared, frontend)
+        self._register(stream)
+        return stream
+
+    def open_chunk_stream(
+        self, stream_id: str, options: StreamOptions, on_event: EventCallback
+    ) -> ChunkStream:
+        """Start a stream fed with chunks (and flushes) that a front end elsewhere made (another
+        process ran `asr_core.frontend.StreamFrontEnd` for it); otherwise like `open_stream`."""
+        stream = ChunkStream(self, self._prepare(stream_id, options, on_event))
+        self._register(stream)
+        return stream
+
+    def _prepare(self, stream_id: str, options: StreamOptions, on_event: EventCallback) -> _StreamShared:
         language = options.language or self.config.default_language
         lookahead = options.lookahead
         if lookahead is None:
@@ -268,21 +308,21 @@ class AsrEngine:
                 f"lookahead {lookahead} not supported; the model has {list(self.model.lookaheads)}"
             )
         prompt_id = self.model.prompt_id(language)
-        frontend = self.model.new_frontend(lookahead)
+        return _StreamShared(0, stream_id, on_event, lookahead, prompt_id, -1)
+
+    def _register(self, stream: _StreamHandle) -> None:
+        shared = stream.shared
         with self._lock:
             self._check_running()
-            key = next(self._keys)
-            worker = min(range(len(self._load)), key=self._load.__getitem__)
+            shared.key = key = next(self._keys)
+            shared.worker = worker = min(range(len(self._load)), key=self._load.__getitem__)
             self._load[worker] += 1
-            shared = _StreamShared(key, stream_id, on_event, lookahead, prompt_id, worker)
-            stream = AsrStream(self, shared, frontend)
             self._streams[key] = stream
             self._route[key] = worker
             # The worker learns of the stream before any of its chunks can reach it (FIFO).
             self._workers[worker].queue.put(_Opened(key, shared))
-            self._sched.add_stream(key, prompt_id, lookahead)
-        logger.debug("stream %s opened (%s, lookahead %d, worker %d)", stream_id, language, lookahead, worker)
-        return stream
+            self._sched.add_stream(key, shared.prompt_id, shared.lookahead)
+        logger.debug("stream %s opened (lookahead %d, worker %d)", shared.stream_id, shared.lookahead, worker)
 
     def _check_running(self) -> None:
         if self._failure is not None:
@@ -341,6 +381,8 @@ class AsrEngine:
     def _encoder_loop(self) -> None:
         try:
             self._encoder = self.model.create_encoder()
+            if self.config.decoder.mode == "device":
+                self._device = self.model.new_device_decoder()
             # On a GPU the step is mx.compile'd per batch bucket: trace them all now (seconds) so
             # that no live step pays for it. A no-op where the encoder is not compiled.
             warmup = getattr(self._encoder, "warmup", None)
@@ -372,13 +414,32 @@ class AsrEngine:
                 self._run(plan)
         except BaseException as e:  # any failure here is fatal, reported loudly
             self._fail(e)
+        finally:
+            self._release_device()
+
+    def _release_device(self) -> None:
+        """MLX thread, last thing: free the device state it built and its thread-local streams, so that
+        nothing of the accelerator's runtime is left for thread or process teardown (MLX's CUDA
+        backend aborts the process when a thread's streams outlive the runtime)."""
+        self._device = None
+        encoder, self._encoder = self._encoder, None
+        close = getattr(encoder, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                logger.exception("releasing the encoder failed")
 
     def _run(self, plan: StepPlan[ChunkPayload]) -> None:
         encoder = self._encoder
         assert encoder is not None
+        device = self._device
         for left in plan.left:
             if left.had_slot:
                 encoder.release(self._slots.pop(left.key))
+                if device is not None:
+                    device.release(self._device_slots.pop(left.key))
+                    self._device_next.pop(left.key, None)
         with self._lock:
             routes = [(self._route.pop(left.key, None), left) for left in plan.left]
         for worker, left in routes:
@@ -386,19 +447,61 @@ class AsrEngine:
                 self._workers[worker].queue.put(_Done(left.key, left.reason))
         for j in plan.joined:
             self._slots[j.key] = encoder.alloc(j.prompt_id, j.lookahead)
+            if device is not None:
+                self._device_slots[j.key] = device.alloc()
+                self._device_next[j.key] = 0
         if not plan.rows:
             return
         rows = [(self._slots[r.key], r.payload.mel, r.is_last, r.flush) for r in plan.rows]
         t0 = time.perf_counter()
         frames = encoder.step(rows)
         seconds = time.perf_counter() - t0
-        by_worker: dict[int, list[EncodedChunk[ChunkPayload]]] = {}
+        by_worker: dict[int, list[Any]] = {}
         with self._lock:
-            for c in self._sched.update_from_output(plan, frames, self._clock()):
-                by_worker.setdefault(self._route[c.key], []).append(c)
+            self._sched.observe_step(len(rows), seconds)
+            chunks = self._sched.update_from_output(plan, frames, self._clock())
+            owners = [self._route[c.key] for c in chunks]
         self.hooks.encoder_step(seconds, len(rows), [r.queue_wait_s for r in plan.rows])
-        for w, chunks in by_worker.items():
-            self._workers[w].queue.put(chunks)
+        items: list[Any] = list(chunks)
+        if device is not None and chunks:
+            items = self._decode_on_device(device, chunks)
+        for w, item in zip(owners, items, strict=True):
+            by_worker.setdefault(w, []).append(item)
+        for w, batch in by_worker.items():
+            self._workers[w].queue.put(batch)
+
+    def _decode_on_device(
+        self, device: DeviceDecoderBackend, chunks: list[EncodedChunk[ChunkPayload]]
+    ) -> list[_Decoded]:
+        """Decode a step's chunks on the device (the reconciliation rule of the module docstring
+        applied here, where the stream's committed decoder state lives): each from its first frame
+        not decoded yet to its last frame due; then each flush's padding from a copy of its state."""
+        t0 = time.perf_counter()
+        skips = [min(_frames_due(c), max(0, self._device_next[c.key] - c.first_frame)) for c in chunks]
+        tokens = device.decode(
+            [self._device_slots[c.key] for c in chunks],
+            [c.frames[k : _frames_due(c)] for c, k in zip(chunks, skips, strict=True)],
+            [c.first_frame + k for c, k in zip(chunks, skips, strict=True)],
+        )
+        for c in chunks:
+            self._device_next[c.key] = max(self._device_next[c.key], c.first_frame + _frames_due(c))
+        flushes = [i for i, c in enumerate(chunks) if c.flush and c.frames.shape[0] > _frames_due(c)]
+        padding: dict[int, list[Token]] = {}
+        if flushes:
+            spec = device.decode(
+                [self._device_slots[chunks[i].key] for i in flushes],
+                [chunks[i].frames[_frames_due(chunks[i]) :] for i in flushes],
+                [chunks[i].first_frame + _frames_due(chunks[i]) for i in flushes],
+                commit=False,
+            )
+            padding = dict(zip(flushes, spec, strict=True))
+        dt = time.perf_counter() - t0
+        self.hooks.decoder_step(dt, len(chunks))
+        share = dt / len(chunks)
+        return [
+            _Decoded(c, t, k, padding.get(i, []), share)
+            for i, (c, t, k) in enumerate(zip(chunks, tokens, skips, strict=True))
+        ]
 
     def _fail(self, error: BaseException) -> None:
         logger.critical("ASR encoder thread failed; the engine stops", exc_info=error)
@@ -415,28 +518,14 @@ class AsrEngine:
                 logger.exception("on_fatal callback failed")
 
 
-class AsrStream:
-    """Handle of one stream: `push` audio, then `finish` (flush + finals) or `close` (abort).
+class _StreamHandle:
+    """What both kinds of stream share: identity, backlog, closing (abort)."""
 
-    `push`, `finish` and `close` may be called from any one thread at a time per stream (typically
-    the event loop). After `StreamEnded` (or after finish/close) `push` raises `StreamClosedError`.
-    """
-
-    def __init__(self, engine: AsrEngine, shared: _StreamShared, frontend: FrontEnd) -> None:
+    def __init__(self, engine: AsrEngine, shared: _StreamShared) -> None:
         self._engine = engine
         self.shared = shared
-        self._frontend = frontend
         self._lock = threading.Lock()
         self._state = "open"
-        self._chunks = 0  # chunks handed to the scheduler (its seq numbers)
-        self._frame_span = shared.lookahead + 1
-        self._hist = np.zeros(0, np.float32)  # audio from sample _hist_start on (for frame energies)
-        self._hist_start = 0
-        vad = engine.config.vad
-        self._vad = SpeechEndDetector(vad) if vad.enabled else None
-        # (sample after the push, time of the push) of the last second of pushes: when was a sample
-        # live? (the time to final of a flush is measured from its speech end)
-        self._pushes: deque[tuple[int, float]] = deque(maxlen=64)
 
     @property
     def stream_id(self) -> str:
@@ -453,44 +542,6 @@ class AsrStream:
         with self._engine._lock:
             return self._engine._sched.backlog(self.shared.key)
 
-    def push(self, pcm: np.ndarray) -> None:
-        """Add 16 kHz mono float32 audio in [-1, 1] (any length)."""
-        x = _as_pcm(pcm)
-        with self._lock:
-            if self._state != "open":
-                raise StreamClosedError(f"stream {self.stream_id} is {self._state}")
-            if x.size == 0:
-                return
-            # A flush holds exactly the audio up to the VAD's decision, whatever the push sizes: the
-            # front end is fed up to that sample, flushed, then fed the rest.
-            start = self.shared.samples
-            self._pushes.append((start + x.size, self._engine._clock()))
-            ends = self._vad.push(x) if self._vad is not None else []
-            pos = 0
-            payloads: list[ChunkPayload] = []
-            for end in ends:
-                payloads += self._feed(x[pos : end.decided_at - start])
-                pos = end.decided_at - start
-                payloads.append(self._flush_payload(end.speech_end))
-            payloads += self._feed(x[pos:])
-            if payloads:
-                try:
-                    self._engine._submit(self.shared.key, payloads, last=False, end=False)
-                except StreamClosedError:
-                    self._state = "ended"
-                    raise
-
-    def finish(self) -> None:
-        """End of audio: flush the front end (final short chunk), then the final transcript and
-        `StreamEnded(reason="finished")` arrive through the callback."""
-        with self._lock:
-            if self._state != "open":
-                raise StreamClosedError(f"stream {self.stream_id} is {self._state}")
-            self._state = "finished"
-            self.shared.finished_at = self._engine._clock()
-            chunks, last_is_final = self._frontend.finish()
-            self._engine._submit(self.shared.key, self._payloads(chunks), last=last_is_final, end=True)
-
     def close(self) -> None:
         """Abort: queued audio is discarded; the text decoded so far still comes as a final, then
         `StreamEnded(reason="closed")`. Closing twice is harmless."""
@@ -502,64 +553,108 @@ class AsrStream:
                 self.shared.finished_at = self._engine._clock()
         self._engine._close(self.shared.key)
 
-    # -- helpers -------------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Shutdown: no more input; what was queued is decoded and the finals come."""
+        raise NotImplementedError
 
-    def _feed(self, x: np.ndarray) -> list[ChunkPayload]:
-        if not x.size:
-            return []
-        chunks = self._frontend.push(x)
-        self._hist = np.concatenate([self._hist, x]) if self._hist.size else x.copy()
-        self.shared.samples += x.size
-        return self._payloads(chunks)
+    def _submit(self, payloads: list[ChunkPayload], *, last: bool, end: bool) -> None:
+        try:
+            self._engine._submit(self.shared.key, payloads, last=last, end=end)
+        except StreamClosedError:
+            self._state = "ended"
+            raise
 
-    def _payloads(self, chunks: list[np.ndarray]) -> list[ChunkPayload]:
-        now = self._engine._clock()
-        out = []
-        for mel in chunks:
-            first = self._chunks * self._frame_span
-            out.append(ChunkPayload(mel=mel, energies_db=self._energies(first), completed_at=now))
-            self._chunks += 1
-        # Keep only the audio the next chunk's frame energies need.
-        keep_from = max(
-            0, self._chunks * self._frame_span * SAMPLES_PER_FRAME + _ENERGY_END - SAMPLES_PER_FRAME
-        )
-        if keep_from > self._hist_start:
-            self._hist = self._hist[keep_from - self._hist_start :]
-            self._hist_start = keep_from
-        return out
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise StreamClosedError(f"stream {self.stream_id} is {self._state}")
 
-    def _flush_payload(self, speech_end: int) -> ChunkPayload:
-        """The partial next chunk as a flush (its chunk number is not used up: invariant 6 of the
-        scheduler)."""
-        first = self._chunks * self._frame_span
-        mel, real_frames = self._frontend.flush()
-        return ChunkPayload(
-            mel=mel,
-            energies_db=self._energies(first),
-            completed_at=self._engine._clock(),
-            flush=True,
-            flush_frames=real_frames,
-            speech_end_at=self._live_at(speech_end),
-        )
 
-    def _live_at(self, sample: int) -> float | None:
-        """When `sample` was live: the first push that carried it, less the audio after it in that
-        push (the caller's audio arrives in real time; a faster feed gives an early estimate)."""
-        for end, t in self._pushes:
-            if end >= sample:
-                return t - (end - sample) / SAMPLE_RATE_HZ
-        return None
+class AsrStream(_StreamHandle):
+    """Handle of one stream: `push` audio, then `finish` (flush + finals) or `close` (abort).
 
-    def _energies(self, first_frame: int) -> np.ndarray:
-        out = np.full(self._frame_span, _SILENT_DB, np.float32)
-        for i in range(self._frame_span):
-            end = (first_frame + i) * SAMPLES_PER_FRAME + _ENERGY_END
-            lo = max(0, end - SAMPLES_PER_FRAME) - self._hist_start
-            hi = min(end, self.shared.samples) - self._hist_start
-            if hi > lo and lo >= 0:
-                seg = self._hist[lo:hi]
-                out[i] = max(_SILENT_DB, 10.0 * math.log10(float(np.dot(seg, seg)) / seg.size + 1e-12))
-        return out
+    `push`, `finish` and `close` may be called from any one thread at a time per stream (typically
+    the event loop). After `StreamEnded` (or after finish/close) `push` raises `StreamClosedError`.
+    """
+
+    def __init__(self, engine: AsrEngine, shared: _StreamShared, frontend: StreamFrontEnd) -> None:
+        super().__init__(engine, shared)
+        self._frontend = frontend
+
+    def push(self, pcm: np.ndarray) -> None:
+        """Add 16 kHz mono float32 audio in [-1, 1] (any length)."""
+        x = _as_pcm(pcm)
+        with self._lock:
+            self._check_open()
+            payloads = self._frontend.push(x)
+            self.shared.samples = self._frontend.samples
+            if payloads:
+                self._submit(payloads, last=False, end=False)
+
+    def finish(self) -> None:
+        """End of audio: flush the front end (final short chunk), then the final transcript and
+        `StreamEnded(reason="finished")` arrive through the callback."""
+        with self._lock:
+            self._check_open()
+            self._state = "finished"
+            self.shared.finished_at = self._engine._clock()
+            payloads, last_is_final = self._frontend.finish()
+            self._engine._submit(self.shared.key, payloads, last=last_is_final, end=True)
+
+    def drain(self) -> None:
+        self.finish()
+
+
+class ChunkStream(_StreamHandle):
+    """A stream whose front end runs elsewhere: `push_chunks` its chunks (and flushes) in order, then
+    `finish` (or `close`). `samples` is the audio the front end consumed so far (for audio_ms)."""
+
+    def push_chunks(self, payloads: list[ChunkPayload], samples: int) -> None:
+        with self._lock:
+            self._check_open()
+            self.shared.samples = samples
+            if payloads:
+                self._submit(payloads, last=False, end=False)
+
+    def finish(self, payloads: list[ChunkPayload], last_is_final: bool, samples: int) -> None:
+        with self._lock:
+            self._check_open()
+            self._state = "finished"
+            self.shared.samples = samples
+            self.shared.finished_at = self._engine._clock()
+            self._engine._submit(self.shared.key, payloads, last=last_is_final, end=True)
+
+    def drain(self) -> None:
+        self.finish([], False, self.shared.samples)
+
+
+class RecentMax:
+    """The largest value recorded in the last one to two `window_s` (two buckets). One writer; readers
+    on other threads see a value at most one record old."""
+
+    def __init__(self, window_s: float = 1.0) -> None:
+        self.window_s = window_s
+        self._bucket_start = 0.0
+        self._current = 0.0
+        self._previous = 0.0
+
+    def record(self, value: float, now: float) -> None:
+        self._roll(now)
+        if value > self._current:
+            self._current = value
+
+    def value(self, now: float) -> float:
+        if now - self._bucket_start >= 2 * self.window_s:
+            return 0.0
+        if now - self._bucket_start >= self.window_s:
+            return self._current
+        return max(self._current, self._previous)
+
+    def _roll(self, now: float) -> None:
+        if now - self._bucket_start >= self.window_s:
+            fresh = now - self._bucket_start < 2 * self.window_s
+            self._previous = self._current if fresh else 0.0
+            self._current = 0.0
+            self._bucket_start = now
 
 
 class _SafeHooks:
@@ -665,7 +760,7 @@ class _DecoderWorker:
     """One decoder thread: owns its decoder (ORT sessions) and the state of its pinned streams."""
 
     def __init__(
-        self, engine: AsrEngine, index: int, decoder: StreamDecoder | BatchDecoder, batched: bool
+        self, engine: AsrEngine, index: int, decoder: StreamDecoder | BatchDecoder | None, batched: bool
     ) -> None:
         self.engine = engine
         self.index = index
@@ -673,6 +768,7 @@ class _DecoderWorker:
         self.batched = batched
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.streams: dict[int, _WorkerStream] = {}
+        self.lag = RecentMax()
         self.thread = threading.Thread(target=self._loop, name=f"asr-decoder-{index}", daemon=True)
 
     def _loop(self) -> None:
@@ -695,7 +791,7 @@ class _DecoderWorker:
 
     def _handle(self, items: list[Any]) -> bool:
         """Process messages in order; consecutive chunk lists are decoded in rounds. True: stop."""
-        pending: list[EncodedChunk[ChunkPayload]] = []
+        pending: list[Any] = []  # EncodedChunk, or _Decoded in decoder mode "device"
         for item in items:
             if isinstance(item, list):
                 pending.extend(item)
@@ -718,14 +814,24 @@ class _DecoderWorker:
         cfg = self.engine.config.endpoint
         assembler = TranscriptAssembler(msg.stream.stream_id, cfg, self.engine.model.text)
         self.streams[msg.key] = ws = _WorkerStream(msg.stream, None, assembler)
+        if self.decoder is None:  # decoded on the device: no state here
+            return
         try:
             ws.state = self.decoder.new_state()
         except Exception as e:
             logger.exception("stream %s: decoder state failed", msg.stream.stream_id)
             self._fail(msg.key, e)
 
-    def _decode(self, chunks: list[EncodedChunk[ChunkPayload]]) -> None:
+    def _decode(self, chunks: list[Any]) -> None:
         if not chunks:
+            return
+        if self.decoder is None:
+            for d in chunks:
+                ws = self.streams.get(d.chunk.key)
+                if ws is not None and not ws.ended:
+                    ws.decode_s += d.seconds
+                    self._assemble(ws, d.chunk, d.tokens, d.skip, d.padding_tokens)
+            self.engine._chunks_decoded([d.chunk.key for d in chunks])
             return
         live = [c for c in chunks if c.key in self.streams and not self.streams[c.key].ended]
         if self.batched:
@@ -788,7 +894,12 @@ class _DecoderWorker:
             self._assemble(ws, c, toks, skip)
 
     def _assemble(
-        self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], tokens: list[Token], skip: int
+        self,
+        ws: _WorkerStream,
+        c: EncodedChunk[ChunkPayload],
+        tokens: list[Token],
+        skip: int,
+        padding_tokens: list[Token] | None = None,
     ) -> None:
         n = _frames_due(c)
         ws.next_frame = max(ws.next_frame, c.first_frame + n)
@@ -800,7 +911,7 @@ class _DecoderWorker:
             events = ws.assembler.update(tokens, c.first_frame + skip, n - skip, energies)
             if c.flush:
                 ws.flushes += 1
-                closed = ws.assembler.speech_ended(self._speculate(ws, c, n))
+                closed = ws.assembler.speech_ended(self._speculate(ws, c, n, padding_tokens))
                 if closed and c.payload.speech_end_at is not None:
                     self.engine.hooks.time_to_final(self.engine._clock() - c.payload.speech_end_at)
                 events += closed
@@ -814,26 +925,32 @@ class _DecoderWorker:
         now = self.engine._clock()
         lag = now - c.payload.completed_at
         ws.lags.append(lag)
+        self.lag.record(lag, now)
         if len(ws.lags) > _LAG_SAMPLES:
             del ws.lags[: len(ws.lags) - _LAG_SAMPLES]
         self._emit(ws, events, c.payload.completed_at)
 
-    def _speculate(self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], real: int) -> list[Token]:
-        """Decode a flush's padding frames from a copy of the stream's decoder state: the late
-        pieces of the last word (the model emits a piece a frame or two after its audio) go into the
-        final. They become `ws.spec`, the tokens already published that the real frames behind the
-        padding are expected to give again; returns those not published yet."""
+    def _speculate(
+        self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], real: int, decoded: list[Token] | None = None
+    ) -> list[Token]:
+        """Decode a flush's padding frames from a copy of the stream's decoder state (or take them
+        `decoded` on the device): the late pieces of the last word (the model emits a piece a frame
+        or two after its audio) go into the final. They become `ws.spec`, the tokens already
+        published that the real frames behind the padding are expected to give again; returns those
+        not published yet."""
         frames = c.frames[real:]
         if not frames.shape[0]:
             return []
-        state = copy.deepcopy(ws.state)
         first = c.first_frame + real
-        if self.batched:
+        if decoded is not None:
+            spec = decoded
+        elif self.batched:
+            state = copy.deepcopy(ws.state)
             dec: BatchDecoder = self.decoder  # type: ignore[assignment]
             spec = dec.decode_batch([state], [frames], [first])[0]
         else:
             one: StreamDecoder = self.decoder  # type: ignore[assignment]
-            spec = one.decode(state, frames, first)
+            spec = one.decode(copy.deepcopy(ws.state), frames, first)
         # Only pieces that finish the last word: a new word from imagined silence could be wrong
         # when the caller goes on (it comes with the real audio instead, in the next utterance).
         text = self.engine.model.text

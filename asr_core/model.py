@@ -15,27 +15,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from asr_core.frontend import FeaturesAndChunker, FrontEnd, FrontEndSpec, flush_extra_chunks
 from asr_core.transcript import TextDecoder, Token
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE_HZ = 16_000
-
-
-class FrontEnd(Protocol):
-    """One stream's features + chunker: 16 kHz PCM in, complete encoder mel chunks out."""
-
-    def push(self, pcm: np.ndarray) -> list[np.ndarray]:
-        """Mel chunks (n_frames, n_mels) completed by this audio, in order."""
-
-    def finish(self) -> tuple[list[np.ndarray], bool]:
-        """Flush at end of stream: the remaining chunks and whether the last of them is the stream's
-        final (short) chunk that needs end-of-stream handling in the encoder."""
-
-    def flush(self) -> tuple[np.ndarray, int]:
-        """The partial next chunk for a mid-stream flush (kept pending): mel frames padded with
-        copies of its last frame to the next chunk and one more (MelChunker.flush_chunk), and the
-        number of its encoder frames that hold real audio; (0 frames, 0) before any audio."""
+GPU_CACHE_LIMIT_BYTES = 16 << 30
 
 
 class EncoderBackend(Protocol):
@@ -69,6 +55,23 @@ class BatchDecoder(Protocol):
     ) -> list[list[Token]]: ...
 
 
+class DeviceDecoderBackend(Protocol):
+    """Greedy decoding of a whole encoder step on the accelerator (owned by the engine's MLX thread)."""
+
+    def alloc(self) -> int: ...
+
+    def release(self, slot: int) -> None: ...
+
+    def decode(
+        self,
+        slots: Sequence[int],
+        frames: Sequence[np.ndarray],
+        first_frames: Sequence[int],
+        *,
+        commit: bool = True,
+    ) -> list[list[Token]]: ...
+
+
 class EngineModel(Protocol):
     """What `AsrEngine` needs from a model."""
 
@@ -91,6 +94,23 @@ class EngineModel(Protocol):
     def new_decoder(self) -> StreamDecoder: ...
 
     def new_batch_decoder(self) -> BatchDecoder: ...
+
+    def new_device_decoder(self) -> DeviceDecoderBackend:
+        """Called on the engine's MLX thread, which then owns it."""
+
+
+def release_mlx_thread() -> None:
+    """Wait for the calling thread's MLX work and destroy its streams. Every thread that ran MLX work
+    calls this last: MLX keeps streams (with their CUDA handles) per thread, and one destroyed after
+    the CUDA runtime unloaded at exit aborts the process ("terminate called without an active
+    exception"); MLX's advice is to clear them at the end of each thread and of the process."""
+    import gc
+
+    import mlx.core as mx
+
+    gc.collect()  # arrays of this thread that only a reference cycle kept
+    mx.synchronize()
+    mx.clear_streams()
 
 
 def embedded_model_dir() -> Path | None:
@@ -136,6 +156,10 @@ class AsrModel:
         from asr_core.tokenizer import Tokenizer
 
         device = "gpu" if mx.default_device() == mx.gpu else "cpu"
+        if device == "gpu":
+            # MLX keeps freed buffers for reuse up to the whole memory limit; at thousands of streams
+            # that is the whole card. Bound the cache (what is in use is not limited by this).
+            mx.set_cache_limit(GPU_CACHE_LIMIT_BYTES)
         bundle = load_bundle(Path(model_dir), precision)
         # Materialize the weights here: MLX streams are thread-local (mlx >= 0.31.2), so nothing the
         # MLX thread reads may still be an unevaluated graph of this thread's stream.
@@ -190,12 +214,27 @@ class AsrModel:
         from asr_core.chunker import MelChunker
         from asr_core.features import StreamingLogMel
 
-        # A flush adds a chunk of padding when the encoder's position tables reach that far.
-        extra = 1 if 2 * (lookahead + 1) <= max(self._lookaheads) + 1 else 0
-        return _FrontEnd(
-            StreamingLogMel(self.bundle.mel_filters, self.bundle.config.features),
-            MelChunker(lookahead),
-            extra,
+        cfg = self.bundle.config
+        return FeaturesAndChunker(
+            StreamingLogMel(self.bundle.mel_filters, cfg.features),
+            MelChunker(lookahead, cfg.encoder.subsampling_factor),
+            flush_extra_chunks(lookahead, self._lookaheads),
+        )
+
+    def frontend_spec(self, vad: Any = None) -> FrontEndSpec:
+        """How other processes build this model's front ends; `vad` (a VadConfig) makes them flush at
+        speech ends."""
+        import dataclasses
+
+        cfg = self.bundle.config
+        return FrontEndSpec(
+            features=dataclasses.asdict(cfg.features),
+            mel_filters=self.bundle.mel_filters,
+            subsampling_factor=cfg.encoder.subsampling_factor,
+            lookaheads=self._lookaheads,
+            default_lookahead=self._default_lookahead,
+            prompts=dict(cfg.prompt_dictionary),
+            vad=dataclasses.asdict(vad) if vad is not None else {},
         )
 
     def _graphs(self) -> Any:
@@ -217,31 +256,16 @@ class AsrModel:
             BatchedGreedyDecoder(self._graphs(), cfg.blank_token_id, cfg.max_symbols_per_step)
         )
 
+    def new_device_decoder(self) -> DeviceDecoderBackend:
+        from asr_core.decoder.device import DeviceDecoder
+
+        cfg = self.bundle.config
+        return _DeviceDecoderAdapter(
+            DeviceDecoder(self._graphs().weights(), cfg.blank_token_id, cfg.max_symbols_per_step)
+        )
+
 
 # -- adapters from the parts' own APIs to the engine's protocols ------------------------------------
-
-
-class _FrontEnd:
-    def __init__(self, features: Any, chunker: Any, flush_extra_chunks: int) -> None:
-        self._features = features
-        self._chunker = chunker
-        self._extra = flush_extra_chunks
-
-    def push(self, pcm: np.ndarray) -> list[np.ndarray]:
-        mel = self._features.push(pcm)
-        return list(self._chunker.push(mel)) if len(mel) else []
-
-    def finish(self) -> tuple[list[np.ndarray], bool]:
-        mel = self._features.finish()
-        chunks = list(self._chunker.push(mel)) if len(mel) else []
-        last = self._chunker.finish()
-        if last is not None:
-            return [*chunks, last], True
-        return chunks, False
-
-    def flush(self) -> tuple[np.ndarray, int]:
-        mel, real = self._chunker.flush_chunk(self._extra)
-        return (mel, real) if mel.shape[0] else (np.zeros((0, self._features.cfg.n_mels), np.float32), 0)
 
 
 class _EncoderAdapter:
@@ -265,6 +289,12 @@ class _EncoderAdapter:
     def warmup(self, lookahead: int, max_batch: int) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (GPU; else a no-op)."""
         return int(self._encoder.warmup(lookahead, max_batch))
+
+    def close(self) -> None:
+        """On the thread that built it, after its last step: drop the pools and end the thread's MLX
+        streams (see `release_mlx_thread`)."""
+        self._encoder = None
+        release_mlx_thread()
 
 
 class _TextAdapter:
@@ -313,3 +343,25 @@ class _BatchDecoderAdapter:
             [Token(int(e.token), f0 + int(e.frame) - b, float(e.prob)) for e in ems]
             for ems, f0, b in zip(out, first_frames, bases, strict=True)
         ]
+
+
+class _DeviceDecoderAdapter:
+    def __init__(self, decoder: Any) -> None:
+        self._dec = decoder
+
+    def alloc(self) -> int:
+        return int(self._dec.alloc())
+
+    def release(self, slot: int) -> None:
+        self._dec.release(slot)
+
+    def decode(
+        self,
+        slots: Sequence[int],
+        frames: Sequence[np.ndarray],
+        first_frames: Sequence[int],
+        *,
+        commit: bool = True,
+    ) -> list[list[Token]]:
+        out = self._dec.decode(slots, frames, first_frames, commit=commit)
+        return [[Token(int(e.token), int(e.frame), float(e.prob)) for e in ems] for ems in out]

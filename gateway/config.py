@@ -71,7 +71,11 @@ class AsrSettings(BaseModel):
 
 class EncoderSettings(BaseModel):
     max_batch: int = Field(64, ge=1, description="Most chunks (calls) in one encoder step")
-    max_wait_ms: float = Field(10.0, ge=0, description="Longest a ready chunk waits for a fuller batch")
+    max_wait_ms: float = Field(100.0, ge=0, description="Longest a ready chunk waits for a fuller batch")
+    wait_policy: Literal["adaptive", "fixed"] = Field(
+        "adaptive",
+        description="adaptive: 3x the measured fixed cost of a step, at most max_wait_ms; fixed: max_wait_ms",
+    )
     max_queued_chunks: int = Field(
         16, ge=2, description="Chunks a call may queue for the encoder; beyond it the oldest is dropped"
     )
@@ -79,8 +83,10 @@ class EncoderSettings(BaseModel):
 
 class DecoderSettings(BaseModel):
     workers: int = Field(2, ge=1, description="RNN-T decoder worker threads (one ORT session each)")
-    mode: Literal["workers", "batched"] = Field(
-        "batched", description="batched: a worker decodes all its due calls in one pass; workers: one by one"
+    mode: Literal["workers", "batched", "device"] = Field(
+        "batched",
+        description="batched: a worker decodes its due calls in one pass; workers: one by one; "
+        "device: on the accelerator, after each encoder step",
     )
     max_undecoded_chunks: int = Field(
         2, ge=1, description="Chunks of a call encoded but not yet decoded before its encoding waits"
@@ -128,6 +134,9 @@ class SipSettings(BaseModel):
         20, ge=1, description="INVITEs a source may send at once before the rate applies"
     )
     retry_after_s: int = Field(5, ge=0, description="Retry-After of 503 answers (capacity, rate, draining)")
+    max_engine_lag_ms: int = Field(
+        3000, ge=0, description="ASR engine lag (for 2 s) past which new calls get 503 + Retry-After; 0 = off"
+    )
     language_header: str = Field("X-Language", description="INVITE header naming the call's language")
     dnis_languages: dict[str, str] = Field(
         default_factory=dict,
@@ -267,6 +276,12 @@ class DaemonSettings(BaseModel):
         description="After hanging up at shutdown, longest wait for the calls' finals and call_end events",
     )
     uvloop: bool = Field(True, description="Run the event loop on uvloop when it is installed")
+    media_workers: int = Field(
+        -1,
+        ge=-1,
+        description="Media worker processes (RTP + ASR front end; the engine then runs in a process of its "
+        "own); 0 = all in one process; -1 = auto",
+    )
 
 
 class LogSettings(BaseModel):

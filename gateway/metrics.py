@@ -63,6 +63,17 @@ ASR_QUEUE_WAIT = Histogram(
 DECODER_STEP = Histogram(
     "ttg_decoder_step_seconds", "Wall time of one RNN-T decode step", buckets=_STEP_BUCKETS
 )
+ENGINE_LAG = Gauge(
+    "ttg_engine_lag_seconds",
+    "Longest time over the last 1-2 s from a chunk's audio arriving to its decoding (the engine's delay)",
+)
+ENGINE_OVERLOADED = Gauge(
+    "ttg_engine_overloaded", "1 while new calls are refused because the engine is too far behind"
+)
+MEDIA_WORKERS = Gauge("ttg_media_workers", "Media worker processes running (0 in single-process mode)")
+MEDIA_WORKER_DEATHS = Counter(
+    "ttg_media_worker_deaths_total", "Media worker processes that died (their calls ended as errors)"
+)
 ASR_DROPPED_CHUNKS = Counter(
     "ttg_asr_chunks_dropped_total", "Audio chunks dropped because a call fell behind"
 )
@@ -108,6 +119,7 @@ DROP_REASONS = ("buffer_full", "redis_down", "shutdown", "spool_full", "rejected
 CALL_RESULTS = (
     "admitted",
     "rejected_capacity",
+    "rejected_overload",
     "rejected_draining",
     "rejected_rate",
     "rejected_forbidden",

@@ -328,6 +328,7 @@ def gateway_rows() -> list[Row]:
 
 def asr_rows() -> list[Row]:
     bs = "ttg_encoder_batch_size"
+    refused = rate("ttg_calls_total", 'result="rejected_overload"')
     return [
         Row(
             "Encoder (one batched step for all ready calls)",
@@ -400,6 +401,34 @@ def asr_rows() -> list[Row]:
                 Panel(
                     "Active calls",
                     [(f"sum(ttg_active_calls{SEL})", "calls"), (f"sum(ttg_active_streams{SEL})", "streams")],
+                ),
+                Panel(
+                    "Engine lag",
+                    [
+                        (f"max(ttg_engine_lag_seconds{SEL})", "lag"),
+                        (f"max(ttg_engine_overloaded{SEL})", "refusing"),
+                    ],
+                    unit="s",
+                    description="Longest recent delay from a chunk's audio to its decoding; past "
+                    "TTG_SIP__MAX_ENGINE_LAG_MS new calls get 503 ('refusing' = 1)",
+                ),
+                Panel(
+                    "Calls refused for engine overload",
+                    [(f"sum({refused})", "refused/s")],
+                    unit="cps",
+                ),
+            ],
+        ),
+        Row(
+            "Processes",
+            [
+                Panel(
+                    "Media worker processes",
+                    [
+                        (f"sum(ttg_media_workers{SEL})", "running"),
+                        (f"sum({rate('ttg_media_worker_deaths_total')})", "deaths/s"),
+                    ],
+                    description="RTP receive and the ASR front end; 0 in single-process mode",
                 ),
             ],
         ),

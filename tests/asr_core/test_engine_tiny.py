@@ -72,6 +72,7 @@ class RecordingModel:
         self.new_frontend = model.new_frontend
         self.new_decoder = model.new_decoder
         self.new_batch_decoder = model.new_batch_decoder
+        self.new_device_decoder = model.new_device_decoder
 
     def create_encoder(self) -> EncoderBackend:
         inner = self._model.create_encoder()
@@ -117,7 +118,10 @@ def run_solo(engine: AsrEngine, audio: np.ndarray, options: StreamOptions, block
     return col
 
 
-def test_batched_streams_equal_their_solo_runs_in_tokens_and_frames(tiny_model: AsrModel) -> None:
+@pytest.mark.parametrize("mode", ["batched", "device"])
+def test_batched_streams_equal_their_solo_runs_in_tokens_and_frames(
+    tiny_model: AsrModel, mode: DecoderMode
+) -> None:
     """Streams joining and leaving mid-way, of different lengths, languages and lookaheads, pushed in
     different block sizes: each one's tokens and events equal its solo run, frames within 1e-5."""
     langs = ["en-US", "uk-UA", "auto", "de-DE"]
@@ -135,7 +139,7 @@ def test_batched_streams_equal_their_solo_runs_in_tokens_and_frames(tiny_model: 
 
     model = RecordingModel(tiny_model)
     cols = [Stream() for _ in audios]
-    with AsrEngine(model, config(mode="batched", max_queued_chunks=1000)) as eng:
+    with AsrEngine(model, config(mode=mode, max_queued_chunks=1000)) as eng:
         streams: list[Any] = [None] * len(audios)
         pos = [0] * len(audios)
         for rnd in range(10_000):

@@ -108,6 +108,11 @@ def rtp_range(pairs: int = 100) -> tuple[int, int]:
 # --- the daemon -------------------------------------------------------------------------------------------
 
 
+# The process models `ttg serve` ships: everything in one process, and the engine in a process of its
+# own with media worker processes (TTG_DAEMON__MEDIA_WORKERS). Every test that uses `serve` runs in both.
+PROCESS_MODES = {"one_process": "0", "media_workers": "2"}
+
+
 class Serve:
     """One `ttg serve` process with its own ports, log file and spool directory."""
 
@@ -121,13 +126,15 @@ class Serve:
         env: Mapping[str, str] | None = None,
         args: Sequence[str] = (),
         max_calls: int = 40,
+        mode: str = "one_process",
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.bundle = bundle
         self.redis_url = redis_url
         self.spool_dir = spool_dir or self.workdir / "spool"
-        self.extra_env = dict(env or {})
+        self.mode = mode
+        self.extra_env = {"TTG_DAEMON__MEDIA_WORKERS": PROCESS_MODES[mode], **(env or {})}
         self.args = list(args)
         self.max_calls = max_calls
         self.sip_port = free_sip_port()
@@ -248,12 +255,14 @@ class Serve:
         return "\n".join(self.log().splitlines()[-n:])
 
 
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Callable[..., Serve]]:
-    """`serve(bundle=..., redis_url=..., **kw)` → a `Serve` (not started); all stopped after the test."""
+@pytest.fixture(params=list(PROCESS_MODES))
+def serve(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Serve]]:
+    """`serve(bundle=..., redis_url=..., **kw)` → a `Serve` (not started); all stopped after the test.
+    Each test that uses it runs once per process mode."""
     made: list[Serve] = []
 
     def factory(**kwargs: Any) -> Serve:
+        kwargs.setdefault("mode", request.param)
         s = Serve(tmp_path / f"serve{len(made)}", **kwargs)
         made.append(s)
         return s

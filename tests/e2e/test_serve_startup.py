@@ -17,7 +17,6 @@ from gateway.daemon import (
     EXIT_CONFIG,
     CallLogPublisher,
     DaemonReadiness,
-    OneLineFormatter,
     StartupError,
     check_settings,
     engine_config,
@@ -26,12 +25,13 @@ from gateway.daemon import (
     settings_from_args,
 )
 from gateway.events import CallEvent
-from tests.e2e.conftest import REPO, Serve, free_sip_port, free_tcp_port
+from gateway.logs import OneLineFormatter
+from tests.e2e.conftest import PROCESS_MODES, REPO, Serve, free_sip_port, free_tcp_port
 from tests.fixtures.telephony import MemoryPublisher
 
 
 def run_serve(
-    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None, mode: str = "one_process"
 ) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable, "-m", "gateway", "serve",
@@ -39,7 +39,7 @@ def run_serve(
         "--http-port", str(free_tcp_port()), "--spool-dir", str(tmp_path / "spool"),
         "--redis-url", "redis://127.0.0.1:1/0", *args,
     ]  # fmt: skip
-    base = Serve(tmp_path, bundle="", redis_url="").env
+    base = Serve(tmp_path, bundle="", redis_url="", mode=mode).env
     return subprocess.run(
         cmd, cwd=REPO, env=base | (env or {}), capture_output=True, text=True, timeout=120, check=False
     )
@@ -66,12 +66,13 @@ def damaged(bundle: Path, tmp_path: Path, how: str) -> tuple[Path, str]:
     return out, str(target)
 
 
+@pytest.mark.parametrize("mode", PROCESS_MODES)
 @pytest.mark.parametrize("how", ["truncated_encoder", "missing_joiner", "bad_config"])
 def test_a_bad_bundle_exits_nonzero_with_one_line_naming_the_file(
-    tiny_bundle: Path, tmp_path: Path, how: str
+    tiny_bundle: Path, tmp_path: Path, how: str, mode: str
 ) -> None:
     bundle, file = damaged(tiny_bundle, tmp_path, how)
-    proc = run_serve(tmp_path, "--model", str(bundle))
+    proc = run_serve(tmp_path, "--model", str(bundle), mode=mode)
     assert proc.returncode == EXIT_CONFIG
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr  # one line, and nothing was bound or started before it
@@ -79,8 +80,9 @@ def test_a_bad_bundle_exits_nonzero_with_one_line_naming_the_file(
     assert proc.stdout == ""
 
 
-def test_a_missing_bundle_directory_is_named(tmp_path: Path) -> None:
-    proc = run_serve(tmp_path, "--model", str(tmp_path / "nowhere"))
+@pytest.mark.parametrize("mode", PROCESS_MODES)
+def test_a_missing_bundle_directory_is_named(tmp_path: Path, mode: str) -> None:
+    proc = run_serve(tmp_path, "--model", str(tmp_path / "nowhere"), mode=mode)
     assert proc.returncode == EXIT_CONFIG
     assert proc.stderr.splitlines() == [
         f"ttg serve: cannot load the model bundle: {tmp_path / 'nowhere'}: not a directory"
@@ -275,13 +277,16 @@ def test_log_records_are_one_line_even_with_a_traceback() -> None:
     )
 
 
-def test_a_sip_port_in_use_is_a_clear_error_after_the_model_loads(tiny_bundle: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", PROCESS_MODES)
+def test_a_sip_port_in_use_is_a_clear_error_after_the_model_loads(
+    tiny_bundle: Path, tmp_path: Path, mode: str
+) -> None:
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
-        proc = run_serve(tmp_path, "--model", str(tiny_bundle), "--sip-port", str(port))
+        proc = run_serve(tmp_path, "--model", str(tiny_bundle), "--sip-port", str(port), mode=mode)
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and f"cannot listen for SIP on 127.0.0.1:{port}" in errors[0], proc.stderr
