@@ -33,6 +33,7 @@ $(VENV)/.installed: pyproject.toml
 lint: venv
 	$(VENV)/bin/ruff check asr_core gateway tools tests
 	$(VENV)/bin/ruff format --check asr_core gateway tools tests
+	$(VENV)/bin/lint-imports
 
 typecheck: venv
 	$(VENV)/bin/mypy

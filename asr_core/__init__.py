@@ -17,6 +17,7 @@ from asr_core.api import (  # noqa: E402
     StreamEnded,
     StreamOptions,
     TranscriptEvent,
+    Word,
 )
 from asr_core.errors import AsrError, BundleError, StreamClosedError  # noqa: E402
 
@@ -28,4 +29,5 @@ __all__ = [
     "StreamEnded",
     "StreamOptions",
     "TranscriptEvent",
+    "Word",
 ]

@@ -25,8 +25,8 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gateway.audio.media import MediaConfig, MediaCore
 from gateway.rtp.dtmf import DtmfDecoder, TelephoneEvent
+from gateway.rtp.media import MediaConfig, MediaCore
 from gateway.rtp.packet import RtpParseError, is_stun, parse_rtcp, parse_rtp
 from gateway.sdp import MediaPlan, SdpError, negotiate, parse_sdp
 from gateway.sip.agent import AgentConfig, Flow, UserAgent
