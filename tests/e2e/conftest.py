@@ -83,17 +83,20 @@ _BLOCK = 256
 _blocks = itertools.count(random.randrange((_BAND[1] - _BAND[0]) // _BLOCK))
 
 
-def port_block(size: int) -> int:
-    """The first port (even) of `size` consecutive UDP ports that are free now."""
+def port_block(size: int, *, tcp: bool = False) -> int:
+    """The first port (even) of `size` consecutive UDP ports that are free now (and TCP ports with
+    `tcp`: a peer that listens on both cannot bind over a connection still in TIME-WAIT)."""
     assert size <= _BLOCK
     n_blocks = (_BAND[1] - _BAND[0]) // _BLOCK
+    kinds = (socket.SOCK_DGRAM, socket.SOCK_STREAM) if tcp else (socket.SOCK_DGRAM,)
     for _ in range(n_blocks):
         base = _BAND[0] + (next(_blocks) % n_blocks) * _BLOCK
         with contextlib.ExitStack() as stack:
             try:
                 for port in range(base, base + size):
-                    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
-                    sock.bind(("127.0.0.1", port))
+                    for kind in kinds:
+                        sock = stack.enter_context(socket.socket(socket.AF_INET, kind))
+                        sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
         return base

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -28,7 +29,9 @@ KAMAILIO_CFG = REPO / "ops" / "kamailio" / "kamailio.cfg"
 
 
 def need(tool: str) -> str:
-    path = shutil.which(tool)
+    # Debian puts kamailio in /usr/sbin, which a non-root user's PATH does not name.
+    search = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+    path = shutil.which(tool, path=search)
     if path is None:
         pytest.fail(f"{tool} is not installed: `make deps` installs it (Makefile APT_PACKAGES)")
     return path
@@ -54,7 +57,7 @@ class Baresip:
         self.workdir = workdir / "baresip"
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.binary = need("baresip")
-        base = port_block(24)  # SIP (UDP/TCP) at base, TLS at base+1 (libre's default), RTP after
+        base = port_block(24, tcp=True)  # SIP (UDP/TCP) at base, TLS at base+1 (libre's default), RTP after
         self.sip_port = base
         self.ctrl_port = free_tcp_port()
         (self.workdir / "config").write_text(

@@ -34,7 +34,7 @@ def sipsak(gw: Serve, message: bytes, transport: str, workdir: Path) -> bytes:
     path.write_bytes(message)
     proc = subprocess.run(
         [need("sipsak"), "-vvv", "-L", "-f", str(path), "-s", f"sip:1000@127.0.0.1:{gw.sip_port}",
-         "-H", "127.0.0.1", "-l", str(port_block(2)), "-E", transport],
+         "-H", "127.0.0.1", "-l", str(port_block(2, tcp=True)), "-E", transport],
         capture_output=True, timeout=60, check=False,
     )  # fmt: skip
     return proc.stdout + proc.stderr
