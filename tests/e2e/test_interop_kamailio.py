@@ -56,6 +56,9 @@ def kamailio(tmp_path: Path) -> Iterator[Callable[[list[int]], Kamailio]]:
         k.stop()
 
 
+# Two gateways of several processes each: run in the multi-process model only (the shipping default on
+# machines of 4 cores or more; SIP, where this is decided, is the same code in both models).
+@pytest.mark.parametrize("serve", ["media_workers"], indirect=True)
 async def test_six_calls_through_the_dispatcher_spread_over_two_gateways_and_survive_a_drain(
     serve: Callable[..., Serve],
     kamailio: Callable[[list[int]], Kamailio],
