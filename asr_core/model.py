@@ -60,6 +60,10 @@ class DeviceDecoderBackend(Protocol):
 
     def alloc(self) -> int: ...
 
+    def warmup(self) -> int:
+        """Compile what live decodes will run (before the engine says it is ready)."""
+        ...
+
     def release(self, slot: int) -> None: ...
 
     def decode(
@@ -351,6 +355,9 @@ class _DeviceDecoderAdapter:
 
     def alloc(self) -> int:
         return int(self._dec.alloc())
+
+    def warmup(self) -> int:
+        return int(self._dec.warmup())
 
     def release(self, slot: int) -> None:
         self._dec.release(slot)

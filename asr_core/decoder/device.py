@@ -116,6 +116,21 @@ class DeviceDecoder:
             heapq.heappush(self._free, slot)
         self._capacity = capacity
 
+    def warmup(self, max_frames: int = 16) -> int:
+        """Trace the compiled iteration for every frame-count bucket up to `max_frames` (a chunk, a
+        flush's padding, a short last chunk), so that no live decode pays for it: on a GPU each new
+        frame count costs seconds of kernel compilation with every stream waiting, while a new row
+        count costs little. Decodes silence into a scratch slot without committing; returns the
+        number of buckets traced."""
+        slot = self.alloc()
+        try:
+            sizes = sorted({_time_bucket(t) for t in range(1, max_frames + 1)})
+            for size in sizes:
+                self.decode([slot], [np.zeros((size, self.width), np.float32)], commit=False)
+        finally:
+            self.release(slot)
+        return len(sizes)
+
     # -- decoding --------------------------------------------------------------------------------
 
     def decode(

@@ -474,6 +474,20 @@ def test_a_device_decode_that_does_not_commit_leaves_the_state_as_it_was(graphs:
     assert out_a or tried[0]  # the frames are loud enough to emit
 
 
+def test_device_decoder_warmup_traces_every_frame_bucket_and_leaves_no_trace_in_the_slots(
+    graphs: RnntGraphs,
+) -> None:
+    from asr_core.decoder.device import DeviceDecoder
+
+    warm = DeviceDecoder(graphs.weights(), TINY.blank_id, max_symbols=3, capacity=2)
+    cold = DeviceDecoder(graphs.weights(), TINY.blank_id, max_symbols=3, capacity=2)
+    assert warm.warmup(16) == 5  # 1, 2, 4, 8 and 16 frames
+    assert warm.capacity == 2  # its scratch slot was given back
+    frames = 3 * _frames(4, 1)
+    out_warm, out_cold = warm.decode([warm.alloc()], [frames]), cold.decode([cold.alloc()], [frames])
+    assert [(e.token, e.frame) for e in out_warm[0]] == [(e.token, e.frame) for e in out_cold[0]]
+
+
 def test_device_decoder_refuses_unknown_and_repeated_slots(graphs: RnntGraphs) -> None:
     from asr_core.decoder.device import DeviceDecoder
 

@@ -44,7 +44,7 @@ cp "$mlx"/.whl/mlx-*-cp312-*.whl "$mlx"/.whl/mlx_cuda_13-*-sm90.tar.xz "$mlx"/.w
 
 # 3. Wheels the image lacks, at the versions this checkout's virtualenv runs.
 missing="pydantic pydantic-core pydantic-settings annotated-types typing-inspection python-dotenv redis
-hiredis soxr soundfile cffi pycparser jiwer rapidfuzz"
+hiredis soxr soundfile cffi pycparser jiwer rapidfuzz webrtcvad-wheels defusedxml"
 pins=()
 for name in $missing; do
   version=$("$py" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')
