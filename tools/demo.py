@@ -457,12 +457,8 @@ def _run(args: argparse.Namespace, caller: str, deadline: Deadline, tmp: Path, p
         rtp_ports=f"{rtp_min}-{rtp_min + 99}", max_calls=10,
     )  # fmt: skip
     log = gateway.log.read_text(errors="replace")
-    meaningless = "MEANINGLESS" in log
-    model = "the embedded demo model" if "model demo" in log else "a tiny RANDOM bundle"
+    model = "the embedded demo model" if "model demo" in log else "the bundle in TTG_MODEL__DIR"
     say("2/5 gateway", f"ready in {time.monotonic() - t0:.1f} s (pid {gateway.popen.pid}) on {model}")
-    if meaningless:
-        say("WARNING", "no demo model in asr_core/demo_model/ yet: this gateway runs RANDOM weights, so the")
-        say("WARNING", "transcript below is noise. The call path (SIP, RTP, G.711, ASR, Redis) is real.")
 
     # 3. speech
     speech = demo_clip() or espeak(args.text, tmp)
