@@ -14,6 +14,7 @@ import pytest
 from safetensors import safe_open
 
 from asr_core.bundle import load_bundle
+from tests.fixtures import peers
 from tests.fixtures.bundle import ReferenceBundle
 from tools.bundle.filters import slaney_mel_filters
 from tools.bundle.prompts import PROMPT_DICTIONARY
@@ -121,8 +122,8 @@ def _to_nemo(name: str) -> str:
 
 
 def _nemo_archive(ref: ReferenceBundle, path: Path, *, xscaling: bool = False) -> np.ndarray:
-    torch = pytest.importorskip("torch")
-    yaml = pytest.importorskip("yaml")
+    torch = peers.module("torch")
+    yaml = peers.module("yaml")
     spec = ref.spec
     state = {_to_nemo(k): v.clone() for k, v in ref.model.state_dict().items()}
     assert "encoder.pre_encode.conv.0.weight" in state and "joint.joint_net.2.weight" in state

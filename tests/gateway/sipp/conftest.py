@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -19,10 +18,8 @@ from numpy.typing import NDArray
 from gateway.audio.media import MediaConfig
 from gateway.calls import FrontEndConfig, TelephonyFrontEnd
 from gateway.rtp.receiver import MediaManager
-from tests.fixtures.telephony import SIPP, MemoryPublisher, RecordingEngine, SippResult, run_sipp
-
-if SIPP is None:
-    pytest.skip("sipp (Debian package sip-tester) is not installed", allow_module_level=True)
+from tests.fixtures import peers
+from tests.fixtures.telephony import MemoryPublisher, RecordingEngine, SippResult, run_sipp
 
 
 @dataclass
@@ -94,9 +91,7 @@ class Speech:
 
 
 def make_speech(directory: Path, text: str, law: str = "ulaw") -> Speech:
-    espeak, sox = shutil.which("espeak-ng"), shutil.which("sox")
-    if espeak is None or sox is None:
-        pytest.skip("espeak-ng and sox are needed for test speech")
+    espeak, sox = peers.tool("espeak-ng"), peers.tool("sox")
     wav = directory / "speech.wav"
     raw = directory / f"speech.{law}"
     subprocess.run([espeak, "-v", "en-us", "-s", "175", "-w", str(wav), text], check=True, timeout=30)
