@@ -15,7 +15,10 @@
 # the tests' servers bind 127.0.0.1 on free ports. The root gets its own /proc, /sys, /dev/pts (a new
 # instance) and /dev/shm (tmpfs); no host directory is bound into it except with --pip-cache (pip's
 # download cache, to make a second run faster: it changes where the bytes come from, not what is
-# installed). A policy-rc.d keeps Debian's packages from starting their services (redis, prometheus)
+# installed). Where the host reaches the network through a TLS-inspecting proxy whose CA it trusts
+# through SSL_CERT_FILE/PIP_CERT (as this project's workplace does), the root gets a copy of that CA
+# bundle and the same variables: that trust belongs to the network, like /etc/resolv.conf, which is
+# copied too. A policy-rc.d keeps Debian's packages from starting their services (redis, prometheus)
 # inside the root, where they would take the host's default ports. debootstrap's downloaded packages
 # are kept in FRESH_DIR/cache/RELEASE-minbase.tgz; every run bootstraps a new root from them.
 # Everything still running inside the root at the end (found by its root directory) is stopped by PID,
@@ -74,9 +77,15 @@ unmount_root() {
 }
 trap unmount_root EXIT
 
+host_ca=${PIP_CERT:-${SSL_CERT_FILE:-}}
+ca_env=()
+if [ -n "$host_ca" ]; then
+  ca_env=(SSL_CERT_FILE=/etc/ssl/host-network-ca.pem PIP_CERT=/etc/ssl/host-network-ca.pem
+    REQUESTS_CA_BUNDLE=/etc/ssl/host-network-ca.pem)
+fi
 in_root() {  # run a command line as root in the chroot, with a newcomer's plain environment
   chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
-    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "${ca_env[@]}" \
     bash -c "$1"
 }
 
@@ -108,6 +117,7 @@ EOF
   printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
   chmod +x "$root/usr/sbin/policy-rc.d"
   cp /etc/resolv.conf "$root/etc/resolv.conf"
+  [ -z "$host_ca" ] || { mkdir -p "$root/etc/ssl" && cp "$host_ca" "$root/etc/ssl/host-network-ca.pem"; }
   # What every installed machine has and a bootstrapped root lacks.
   printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
   mount -t proc proc "$root/proc"
@@ -157,6 +167,7 @@ test_s=$test_s
 venv_after_test_mb=$venv_test
 pip_cache_mb=$pip_mb
 pip_cache_shared=$([ -n "$pip_cache" ] && echo yes || echo no)
+host_network_ca=$([ -n "$host_ca" ] && echo yes || echo no)
 torch=$torch
 pytest=$summary
 EOF
