@@ -4,7 +4,10 @@ redis-server on loopback), procs.py (helpers to start and stop processes by PID)
 
 from __future__ import annotations
 
-import asr_core  # noqa: F401  (preloads OpenBLAS before any test imports mlx)
+from asr_core import configure_cpu_blas
+
+# The test session runs MLX on the CPU: OpenBLAS under its matmuls, before any test module imports mlx.
+configure_cpu_blas()
 
 pytest_plugins: list[str] = [
     "tests.fixtures.bundle",

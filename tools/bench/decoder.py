@@ -44,7 +44,6 @@ from typing import Any
 
 import numpy as np
 
-import asr_core  # noqa: F401  (OpenBLAS before MLX)
 from asr_core.decoder import BatchedGreedyDecoder, Emission, GreedyDecoder, NumpyRnnt, RnntGraphs, RnntNet
 from asr_core.features import FeatureConfig, log_mel
 from tools.bundle.numpy_encoder import encoder_forward, joiner_frames
