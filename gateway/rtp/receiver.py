@@ -45,6 +45,10 @@ __all__ = ["CallMedia", "MediaManager", "PortsExhausted", "advertised_address", 
 
 METRICS_PERIOD_S = 1.0
 BIND_ATTEMPTS = 32  # pairs tried when ports of the range are taken by other processes
+# At close, at most this many queued datagrams per socket are read: more than a default receive buffer
+# holds, and a bound on the time a flood can keep the loop.
+DRAIN_MAX = 1024
+DATAGRAM_MAX = 65535
 
 
 def media_config(rtp: RtpSettings) -> MediaConfig:
@@ -163,7 +167,7 @@ class MediaManager:
             rtcp_sock.close()
             self.pool.release(port, loop.time())
             raise
-        media._attach(rtp_tr, rtcp_tr)
+        media._attach(rtp_tr, rtcp_tr, (rtp_sock, rtcp_sock))
         self._open.add(media)
         metrics.RTP_STREAMS.inc()
         return media
@@ -222,6 +226,7 @@ class CallMedia:
         self._loop = loop
         self._core = MediaCore(plan, manager.config, loop.time())
         self._transports: list[asyncio.DatagramTransport] = []
+        self._sockets: tuple[socket.socket, ...] = ()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._metrics_at = loop.time() + METRICS_PERIOD_S
@@ -252,6 +257,7 @@ class CallMedia:
         """Flush the last audio, DTMF and resampler tail into the sink; free the ports. Idempotent."""
         if self._final is not None:
             return self._final
+        self._drain()
         now = self._loop.time()
         events = self._core.close(now)
         if self._timer is not None:
@@ -277,9 +283,27 @@ class CallMedia:
 
     # --- adapter internals -----------------------------------------------------------------------
 
-    def _attach(self, rtp: asyncio.DatagramTransport, rtcp: asyncio.DatagramTransport) -> None:
+    def _attach(
+        self,
+        rtp: asyncio.DatagramTransport,
+        rtcp: asyncio.DatagramTransport,
+        sockets: tuple[socket.socket, socket.socket],
+    ) -> None:
         self._transports = [rtp, rtcp]
+        self._sockets = sockets
         self._schedule()
+
+    def _drain(self) -> None:
+        """Receive what the kernel still holds for this stream. The loop reads a socket one datagram
+        per turn, so it can serve the hang-up (a BYE on the SIP socket) while packets the caller sent
+        before it still wait here; closing the socket would drop them from the call."""
+        for sock, rtcp in zip(self._sockets, (False, True), strict=False):
+            for _ in range(DRAIN_MAX):
+                try:
+                    data, addr = sock.recvfrom(DATAGRAM_MAX)
+                except OSError:  # BlockingIOError: nothing left
+                    break
+                self._datagram(data, addr, rtcp)
 
     def _datagram(self, data: bytes, addr: Any, rtcp: bool) -> None:
         if self._final is not None:
