@@ -5,7 +5,7 @@
 #   version than PYTHON) is removed and made again, so a second `make` never fails differently.
 # - With the `reference` extra on Linux x86_64, torch is first asked of PyTorch's CPU-only index (a
 #   ~190 MB wheel); where that index cannot be reached, pip takes torch from PyPI as usual, whose
-#   Linux x86_64 wheel is the CUDA build (~3 GB of downloads). docs/setup.md has the sizes.
+#   Linux x86_64 wheel is the CUDA build (~3 GB of downloads). docs/fresh-machine.md has the sizes.
 # Installing is incremental: extras already installed are not downloaded again.
 set -euo pipefail
 venv=$1
