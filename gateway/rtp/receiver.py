@@ -49,6 +49,10 @@ BIND_ATTEMPTS = 32  # pairs tried when ports of the range are taken by other pro
 # holds, and a bound on the time a flood can keep the loop.
 DRAIN_MAX = 1024
 DATAGRAM_MAX = 65535
+# Receive buffer asked for each socket: the kernel's default (208 KiB) holds 256 packets of 20 ms G.711,
+# ~5 s of a call, so a loop that far behind (a starved CPU) lost RTP in the kernel. The kernel caps the
+# request at net.core.rmem_max and doubles it: 416 KiB (~10 s) on a stock Linux, 2 MiB where allowed.
+RECEIVE_BUFFER = 1 << 20
 
 
 def media_config(rtp: RtpSettings) -> MediaConfig:
@@ -111,6 +115,7 @@ def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socktype, proto)
     try:
         sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
         sock.bind(sockaddr)
     except OSError:
         sock.close()

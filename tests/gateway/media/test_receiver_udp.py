@@ -135,8 +135,9 @@ def test_datagrams_queued_when_the_call_ends_are_received_before_the_sockets_clo
     """The loop reads a socket one datagram per turn, so it can serve a hang-up (BYE, on the SIP
     socket) while the caller's last packets, sent before it, still wait in the kernel for this stream.
     They belong to the call: closing counts them and plays their audio out. Here the loop gets no turn
-    at all between the sends and the close."""
-    sender = RtpSender("PCMU", ssrc=9, seq=1, timestamp=0).audio(speech_like(4000, 3))
+    at all between the sends and the close, for 8 s of audio: a loop that far behind loses no packet
+    (the kernel's default receive buffer holds about 5 s of one call)."""
+    sender = RtpSender("PCMU", ssrc=9, seq=1, timestamp=0).audio(speech_like(64000, 3))
     rr = struct.pack("!BBHI", 0x80, 201, 1, 9)
 
     async def hang_up_with_everything_queued() -> tuple[CallMedia, RecordingSink]:
