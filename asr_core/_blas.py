@@ -93,4 +93,3 @@ def limit_numpy_blas_threads(n: int | None = None) -> bool:
                 setter(ctypes.c_int(n))
                 return True
     return False
-
