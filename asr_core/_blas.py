@@ -8,10 +8,15 @@ test session) at their start, before anything imports mlx.core:
   vs 242 GFLOP/s (openblas-pthread). Opt out with TTG_NO_OPENBLAS=1; a missing library is not an error.
 - it runs numpy's bundled OpenBLAS single-threaded (`limit_numpy_blas_threads`, which the engine's
   start also applies).
+A process that also runs torch passes `torch=True`: torch is then imported first. Its library exports
+BLAS symbols of its own (sgemm_, cblas_sgemm_batch, from its MKL) and binds them when it loads; loaded
+after a global OpenBLAS it takes OpenBLAS's instead, and where those differ (Debian 13's OpenBLAS 0.3.29
+has a cblas_sgemm_batch of another ABI) torch's batched matmul crashes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import logging
@@ -55,8 +60,12 @@ def openblas_path() -> str | None:
     return _loaded
 
 
-def configure_cpu_blas() -> str | None:
-    """Preload OpenBLAS for MLX and limit numpy's BLAS threads; returns the OpenBLAS path or None."""
+def configure_cpu_blas(*, torch: bool = False) -> str | None:
+    """Preload OpenBLAS for MLX and limit numpy's BLAS threads; returns the OpenBLAS path or None.
+    `torch=True`: import torch first where it is installed (see above)."""
+    if torch:
+        with contextlib.suppress(ImportError):
+            import torch as _torch  # noqa: F401
     path = preload_openblas()
     limit_numpy_blas_threads()
     return path

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from asr_core import configure_cpu_blas
 
-# The test session runs MLX on the CPU: OpenBLAS under its matmuls, before any test module imports mlx.
-configure_cpu_blas()
+# The test session runs MLX on the CPU (OpenBLAS under its matmuls, before any test module imports mlx)
+# and torch (the reference implementation).
+configure_cpu_blas(torch=True)
 
 pytest_plugins: list[str] = [
     "tests.fixtures.bundle",

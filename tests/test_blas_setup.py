@@ -82,3 +82,22 @@ print("openblas-pthread" in open("/proc/self/maps").read())
         assert res.returncode == 0, res.stderr
         loaded[command] = res.stdout.splitlines()[-1]
     assert loaded == {"serve": "True", "transcribe": "True", "tail": "False"}
+
+
+@peers.linux_only
+def test_torch_and_mlx_run_in_one_process_set_up_with_torch_first() -> None:
+    """torch's batched matmul with OpenBLAS global: it crashed (SIGSEGV) where OpenBLAS has a
+    cblas_sgemm_batch of its own (Debian 13) when torch was loaded after it."""
+    code = """
+from asr_core import configure_cpu_blas
+configure_cpu_blas(torch=True)
+import mlx.core as mx
+import torch
+q, k = torch.randn(1, 8, 50, 64), torch.randn(1, 8, 64, 100)
+a = mx.random.normal((64, 64))
+print(tuple((q @ k).shape), (a @ a).shape)
+"""
+    peers.module("torch")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["(1,", "8,", "50,", "100)", "(64,", "64)"]

@@ -65,13 +65,19 @@ unmount_root() {
       kill -TERM "$pid" 2>/dev/null || true
     fi
   done
-  sleep 1
+  sleep 2
   for pid in $(ls /proc | grep -E '^[0-9]+$'); do
     [ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$root" ] && kill -KILL "$pid" 2>/dev/null || true
   done
-  local m
+  local m try
   for m in root/.cache/pip dev/shm dev/pts sys proc; do
-    mountpoint -q "$root/$m" && umount "$root/$m"
+    mountpoint -q "$root/$m" || continue
+    # A process that was just killed may hold the mount a moment longer.
+    for try in 1 2 3 4 5 6 7 8 9 10; do
+      umount "$root/$m" 2>/dev/null && break
+      sleep 1
+    done
+    if mountpoint -q "$root/$m"; then umount -l "$root/$m" || true; fi
   done
   return 0
 }

@@ -51,7 +51,7 @@ import numpy as np
 from asr_core import configure_cpu_blas
 
 if __name__ == "__main__":  # run as a program on a CPU: OpenBLAS under MLX, before mlx.core loads
-    configure_cpu_blas()
+    configure_cpu_blas(torch=True)
 import mlx.core as mx
 
 from asr_core.bundle import EncoderConfig, convert_encoder_weights, encoder_tensor_kinds
