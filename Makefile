@@ -49,6 +49,7 @@ $(VENV)/.installed-test: pyproject.toml tools/setup_venv.sh
 lint: venv
 	$(VENV)/bin/ruff check asr_core gateway tools tests
 	$(VENV)/bin/ruff format --check asr_core gateway tools tests
+	$(VENV)/bin/lint-imports
 
 typecheck: venv
 	$(VENV)/bin/mypy

@@ -11,6 +11,7 @@ from asr_core.api import (
     StreamEnded,
     StreamOptions,
     TranscriptEvent,
+    Word,
 )
 from asr_core.errors import AsrError, BundleError, StreamClosedError
 
@@ -22,5 +23,6 @@ __all__ = [
     "StreamEnded",
     "StreamOptions",
     "TranscriptEvent",
+    "Word",
     "configure_cpu_blas",
 ]

@@ -23,6 +23,17 @@ class StreamOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class Word:
+    """One word of a transcript: its text, its time on the stream's media timeline (from the frames
+    the model emitted its pieces at), and the joint's confidence in it (lowest piece probability)."""
+
+    word: str
+    start_ms: int
+    end_ms: int
+    confidence: float
+
+
+@dataclass(frozen=True, slots=True)
 class TranscriptEvent:
     """A partial (text may still grow) or a final (text of a closed segment) transcript.
 
@@ -41,6 +52,9 @@ class TranscriptEvent:
     detected_language: str | None = None
     # True on the final emitted because the stream ended (not because of a pause).
     at_end_of_stream: bool = False
+    # The text's words with times and confidence (finals; partials too when configured), in order:
+    # start_ms <= end_ms <= next word's start_ms, all inside [start_ms, end_ms] of the event.
+    words: tuple[Word, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

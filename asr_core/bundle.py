@@ -20,20 +20,35 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import mlx.core as mx
 import numpy as np
 
 from asr_core.errors import BundleError
 from asr_core.features import FeatureConfig
+from asr_core.quant import Linear
+
+if TYPE_CHECKING:
+    import onnx
+
+    from asr_core.decoder.graphs import RnntGraphs
+    from asr_core.decoder.numpy_rnnt import RnntWeights
 
 Precision = Literal["f32", "f16", "bf16"]
 PRECISIONS: dict[str, mx.Dtype] = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
+ST_PRECISIONS = {"F32": "f32", "F16": "f16", "BF16": "bf16"}  # safetensors dtype -> precision
+
+# Layouts the loader reads (docs/architecture.md, "The model bundle").
+ONNX_LAYOUT = "onnx"  # the published fp16 five-file bundle: encoder.safetensors + ONNX decoder/joiner
+MLX_AUDIO_LAYOUT = "mlx-audio"  # config.json + model.safetensors (mlx-community, its quantized builds)
+SWIFT_LAYOUT = "speech-swift"  # the int8/int5 build for soniqo/speech-swift's NemotronStreamingASR
+LAYOUTS = (ONNX_LAYOUT, MLX_AUDIO_LAYOUT, SWIFT_LAYOUT)
 
 ENCODER_FILE = "encoder.safetensors"
 DECODER_FILE = "decoder.onnx"
@@ -134,22 +149,52 @@ class Bundle:
     dir: Path
     config: ModelConfig
     precision: str
-    # HF tensor names -> MLX layouts (module docstring) in `precision`.
-    encoder_weights: Mapping[str, mx.array]
+    # HF tensor names -> MLX layouts (module docstring) in `precision`; a quantized linear layer's
+    # weight stays packed (asr_core.quant.QuantizedLinear, scales and biases in `precision`).
+    encoder_weights: Mapping[str, Linear]
     mel_filters: np.ndarray  # (n_mels, n_fft/2+1) float32
     pieces: tuple[str, ...]  # piece text by token id (the blank id keeps whatever text the file has)
-    decoder_path: Path
-    joiner_path: Path
+    # The ONNX graphs, or None where the layout holds the prediction network and joint as weights.
+    decoder_path: Path | None
+    joiner_path: Path | None
     sentencepiece_path: Path | None
-    tensor_naming: Literal["hf", "nemo"] = "hf"
+    tensor_naming: Literal["hf", "nemo", "mlx"] = "hf"
     mel_filters_transposed: bool = False
+    layout: str = ONNX_LAYOUT  # one of LAYOUTS
+    stored_precision: str = "f32"  # the dtype most of the file's float tensors are stored in
+    rnnt_weights: RnntWeights | None = None  # the prediction network and joint (MLX layouts), float32
+    rnnt_graphs_built: tuple[onnx.ModelProto, onnx.ModelProto] | None = None  # their graphs, built once
+    # Quantized modules (the layout's own module paths) -> (bits, group size); empty when dense.
+    quantized: Mapping[str, tuple[int, int]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def rnnt_graphs(self, threads: int = 1) -> RnntGraphs:
+        """onnxruntime sessions of the prediction network and joint: the bundle's ONNX files, or
+        graphs built in memory from its weights (`asr_core.decoder.onnx_build`)."""
+        from asr_core.decoder import RnntGraphs
+
+        cfg = self.config
+        vocab, hidden, layers = cfg.vocab_size, cfg.decoder_hidden_size, cfg.num_decoder_layers
+        if self.decoder_path is not None and self.joiner_path is not None:
+            return RnntGraphs(
+                self.decoder_path,
+                self.joiner_path,
+                vocab_size=vocab,
+                hidden_size=hidden,
+                num_layers=layers,
+                threads=threads,
+            )
+        assert self.rnnt_graphs_built is not None, "a bundle without graph files has them built"
+        decoder, joiner = self.rnnt_graphs_built
+        return RnntGraphs(
+            decoder, joiner, vocab_size=vocab, hidden_size=hidden, num_layers=layers, threads=threads
+        )
 
 
 # --------------------------------------------------------------------------------------------------
 # Config
 
 
-class _Reader:
+class JsonReader:
     """Typed access to one JSON object; every complaint names the file and the key path."""
 
     def __init__(self, path: Path, obj: Mapping[str, Any], prefix: str = "") -> None:
@@ -161,11 +206,11 @@ class _Reader:
     def has(self, key: str) -> bool:
         return key in self.obj
 
-    def sub(self, key: str) -> _Reader:
+    def sub(self, key: str) -> JsonReader:
         value = self.obj.get(key)
         if not isinstance(value, dict):
             raise self.fail(key, "missing or not an object")
-        return _Reader(self.path, value, f"{self.prefix}{key}.")
+        return JsonReader(self.path, value, f"{self.prefix}{key}.")
 
     def int_(self, key: str, default: int | None = None, minimum: int | None = 0) -> int:
         if key not in self.obj:
@@ -210,7 +255,7 @@ class _RawConfig:
     encoder: dict[str, Any]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -225,7 +270,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _parse_config(path: Path, obj: Mapping[str, Any]) -> _RawConfig:
-    r = _Reader(path, obj)
+    r = JsonReader(path, obj)
     vocab_size = r.int_("vocab_size", minimum=2)
     blank = r.int_("blank_token_id")
     if blank >= vocab_size:
@@ -365,34 +410,57 @@ def _parse_config(path: Path, obj: Mapping[str, Any]) -> _RawConfig:
 # --------------------------------------------------------------------------------------------------
 # Tensor names and shapes
 
-# NeMo -> HF renames (model_spec.md §2.3, from transformers' convert_nemotron3_5_asr_to_hf.py).
-_NEMO_RENAMES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p), s)
-    for p, s in (
-        (r"^prompt_kernel\.0\.", "prompt_projector.linear_1."),
-        (r"^prompt_kernel\.2\.", "prompt_projector.linear_2."),
-        (r"^encoder\.pre_encode\.conv\.0\.", "encoder.subsampling.conv_in."),
-        (r"^encoder\.pre_encode\.conv\.2\.", "encoder.subsampling.layers.0.depthwise_conv."),
-        (r"^encoder\.pre_encode\.conv\.3\.", "encoder.subsampling.layers.0.pointwise_conv."),
-        (r"^encoder\.pre_encode\.conv\.5\.", "encoder.subsampling.layers.1.depthwise_conv."),
-        (r"^encoder\.pre_encode\.conv\.6\.", "encoder.subsampling.layers.1.pointwise_conv."),
-        (r"^encoder\.pre_encode\.out\.", "encoder.subsampling.linear."),
-        (r"\.conv\.batch_norm\.", ".conv.norm."),
-        (r"\.self_attn\.linear_q\.", ".self_attn.q_proj."),
-        (r"\.self_attn\.linear_k\.", ".self_attn.k_proj."),
-        (r"\.self_attn\.linear_v\.", ".self_attn.v_proj."),
-        (r"\.self_attn\.linear_out\.", ".self_attn.o_proj."),
-        (r"\.self_attn\.linear_pos\.", ".self_attn.relative_k_proj."),
-        (r"\.self_attn\.pos_bias_u$", ".self_attn.bias_u"),
-        (r"\.self_attn\.pos_bias_v$", ".self_attn.bias_v"),
-        (r"^joint\.enc\.", "encoder_projector."),
-    )
+# NeMo <-> HF renames (model_spec.md §2.3, from transformers' convert_nemotron3_5_asr_to_hf.py): where
+# each NeMo fragment sits in a name ("^" start, "$" end, "" anywhere), NeMo text, HF text. The MLX
+# layouts use NeMo's module names (mlx-audio keeps them so checkpoint keys map directly).
+_NEMO_HF: tuple[tuple[str, str, str], ...] = (
+    ("^", "prompt_kernel.0.", "prompt_projector.linear_1."),
+    ("^", "prompt_kernel.2.", "prompt_projector.linear_2."),
+    ("^", "encoder.pre_encode.conv.0.", "encoder.subsampling.conv_in."),
+    ("^", "encoder.pre_encode.conv.2.", "encoder.subsampling.layers.0.depthwise_conv."),
+    ("^", "encoder.pre_encode.conv.3.", "encoder.subsampling.layers.0.pointwise_conv."),
+    ("^", "encoder.pre_encode.conv.5.", "encoder.subsampling.layers.1.depthwise_conv."),
+    ("^", "encoder.pre_encode.conv.6.", "encoder.subsampling.layers.1.pointwise_conv."),
+    ("^", "encoder.pre_encode.out.", "encoder.subsampling.linear."),
+    ("", ".conv.batch_norm.", ".conv.norm."),
+    ("", ".self_attn.linear_q.", ".self_attn.q_proj."),
+    ("", ".self_attn.linear_k.", ".self_attn.k_proj."),
+    ("", ".self_attn.linear_v.", ".self_attn.v_proj."),
+    ("", ".self_attn.linear_out.", ".self_attn.o_proj."),
+    ("", ".self_attn.linear_pos.", ".self_attn.relative_k_proj."),
+    ("$", ".self_attn.pos_bias_u", ".self_attn.bias_u"),
+    ("$", ".self_attn.pos_bias_v", ".self_attn.bias_v"),
+    ("^", "joint.enc.", "encoder_projector."),
+    ("^", "decoder.prediction.embed.", "decoder.embedding."),
+    ("^", "decoder.prediction.dec_rnn.lstm.", "decoder.lstm."),
+    ("^", "joint.pred.", "decoder.decoder_projector."),
+    ("^", "joint.joint_net.2.", "joint.head."),
 )
+
+
+def _renames(to_hf: bool) -> tuple[tuple[re.Pattern[str], str], ...]:
+    def pattern(anchor: str, text: str) -> re.Pattern[str]:
+        body = re.escape(text)
+        return re.compile("^" + body if anchor == "^" else body + "$" if anchor == "$" else body)
+
+    return tuple(
+        (pattern(anchor, nemo if to_hf else hf), hf if to_hf else nemo) for anchor, nemo, hf in _NEMO_HF
+    )
+
+
+_NEMO_TO_HF = _renames(to_hf=True)
+_HF_TO_NEMO = _renames(to_hf=False)
 _NEMO_DROPPED = re.compile(r"^preprocessor\.featurizer\.")
 
 
 def nemo_to_hf_name(name: str) -> str:
-    for pattern, repl in _NEMO_RENAMES:
+    for pattern, repl in _NEMO_TO_HF:
+        name = pattern.sub(repl, name)
+    return name
+
+
+def hf_to_nemo_name(name: str) -> str:
+    for pattern, repl in _HF_TO_NEMO:
         name = pattern.sub(repl, name)
     return name
 
@@ -456,7 +524,7 @@ def encoder_tensor_kinds(num_layers: int, n_stages: int = 3) -> dict[str, str]:
     return kinds
 
 
-def _expected_shape(kind: str, enc: EncoderConfig) -> tuple[int, ...]:
+def expected_shape(kind: str, enc: EncoderConfig) -> tuple[int, ...]:
     D, H, C = enc.hidden_size, enc.num_attention_heads, enc.subsampling_conv_channels
     k = enc.subsampling_conv_kernel_size
     f_out = enc.subsampling_freqs()[-1]
@@ -483,9 +551,12 @@ def _expected_shape(kind: str, enc: EncoderConfig) -> tuple[int, ...]:
     }[kind]
 
 
+LINEAR_KINDS = frozenset({"ff_in", "ff_out", "square", "sub_linear", "prompt1", "prompt2", "proj"})
+
+
 def to_mlx_layout(kind: str, w: np.ndarray) -> np.ndarray:
     """PyTorch layout -> the MLX layout of the module docstring (numpy, any dtype incl. bf16 bits)."""
-    if kind in ("ff_in", "ff_out", "square", "sub_linear", "prompt1", "prompt2", "proj"):
+    if kind in LINEAR_KINDS:
         return np.ascontiguousarray(w.T)
     if kind in ("conv_in", "sub_dw", "sub_pw"):
         return np.ascontiguousarray(w.transpose(0, 2, 3, 1))
@@ -493,6 +564,19 @@ def to_mlx_layout(kind: str, w: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(w[:, :, 0].T)
     if kind == "dw1d":
         return np.ascontiguousarray(w[:, 0, :].T)
+    return np.ascontiguousarray(w)
+
+
+def to_pytorch_layout(kind: str, w: np.ndarray) -> np.ndarray:
+    """The inverse of `to_mlx_layout` (for writers)."""
+    if kind in LINEAR_KINDS:
+        return np.ascontiguousarray(w.T)
+    if kind in ("conv_in", "sub_dw", "sub_pw"):
+        return np.ascontiguousarray(w.transpose(0, 3, 1, 2))
+    if kind in ("pw1", "pw2"):
+        return np.ascontiguousarray(w.T[:, :, None])
+    if kind == "dw1d":
+        return np.ascontiguousarray(w.T[:, None, :])
     return np.ascontiguousarray(w)
 
 
@@ -541,7 +625,7 @@ def check_encoder_shapes(
 ) -> None:
     kinds = encoder_tensor_kinds(enc.num_hidden_layers, enc.n_subsampling_stages)
     for name, kind in kinds.items():
-        want = _expected_shape(kind, enc)
+        want = expected_shape(kind, enc)
         if tuple(shapes[name]) != want:
             raise BundleError(f"{path}: tensor {name}: expected shape {want}, got {tuple(shapes[name])}")
 
@@ -582,17 +666,23 @@ def convert_encoder_weights(
 # little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, then the data)
 
 _ST_DTYPES: dict[str, tuple[str, int]] = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
+_ST_PACKED = ("U32", "<u4", 4)  # quantized codes (MLX layouts only)
 
 
 @dataclass(frozen=True, slots=True)
-class _StEntry:
+class StEntry:
     dtype: str
     shape: tuple[int, ...]
     begin: int  # absolute file offsets
     end: int
 
 
-def _read_safetensors_header(path: Path) -> dict[str, _StEntry]:
+def read_safetensors_header(path: Path, packed: bool = False) -> dict[str, StEntry]:
+    """Every tensor's entry, checked against the file; `packed` also accepts U32 (quantized codes)."""
+    dtypes = dict(_ST_DTYPES)
+    if packed:
+        dtypes[_ST_PACKED[0]] = _ST_PACKED[1:]
+    allowed = ", ".join(dtypes)
     try:
         size = path.stat().st_size
         with path.open("rb") as fh:
@@ -614,34 +704,34 @@ def _read_safetensors_header(path: Path) -> dict[str, _StEntry]:
     if not isinstance(header, dict):
         raise BundleError(f"{path}: corrupt safetensors header (not an object)")
     data_start = 8 + n
-    entries: dict[str, _StEntry] = {}
+    entries: dict[str, StEntry] = {}
     for name, meta in header.items():
         if name == "__metadata__":
             continue
         if not isinstance(meta, dict) or not {"dtype", "shape", "data_offsets"} <= meta.keys():
             raise BundleError(f"{path}: tensor {name}: corrupt header entry")
         dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
-        if dtype not in _ST_DTYPES:
-            raise BundleError(f"{path}: tensor {name}: unsupported dtype {dtype} (F32, F16 or BF16 expected)")
+        if dtype not in dtypes:
+            raise BundleError(f"{path}: tensor {name}: unsupported dtype {dtype} ({allowed} expected)")
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise BundleError(f"{path}: tensor {name}: corrupt shape {shape!r}")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
             raise BundleError(f"{path}: tensor {name}: corrupt data_offsets {offsets!r}")
         begin, end = offsets
-        nbytes = math.prod(shape) * _ST_DTYPES[dtype][1]
+        nbytes = math.prod(shape) * dtypes[dtype][1]
         if end - begin != nbytes or begin < 0:
             raise BundleError(f"{path}: tensor {name}: data_offsets {offsets} do not hold {shape} {dtype}")
         if data_start + end > size:
             raise BundleError(
                 f"{path}: truncated: tensor {name} ends at byte {data_start + end} but the file has {size}"
             )
-        entries[name] = _StEntry(dtype, tuple(shape), data_start + begin, data_start + end)
+        entries[name] = StEntry(dtype, tuple(shape), data_start + begin, data_start + end)
     return entries
 
 
-def _read_tensor(path: Path, e: _StEntry) -> tuple[np.ndarray, bool]:
+def read_tensor(path: Path, e: StEntry) -> tuple[np.ndarray, bool]:
     """The tensor's raw values (bf16 as uint16 bits) and whether they are bf16."""
-    np_dtype, _ = _ST_DTYPES[e.dtype]
+    np_dtype = _ST_PACKED[1] if e.dtype == _ST_PACKED[0] else _ST_DTYPES[e.dtype][0]
     if math.prod(e.shape) == 0:
         return np.zeros(e.shape, np_dtype), e.dtype == "BF16"
     data = np.memmap(path, dtype=np_dtype, mode="r", offset=e.begin, shape=e.shape)
@@ -779,25 +869,40 @@ def check_onnx_io(path: Path, inputs: Mapping[str, tuple], outputs: Mapping[str,
 # The loader
 
 
+def on_gpu() -> bool:
+    return bool(mx.default_device() == mx.gpu)
+
+
 def load_bundle(dir: str | Path, precision: str = "f32") -> Bundle:
-    """Check every file of the bundle in `dir`, then build the `Bundle` (weights in `precision`)."""
+    """Check every file of the bundle in `dir`, then build the `Bundle` (weights in `precision`).
+
+    `dir` holds any of LAYOUTS: the five-file ONNX bundle (when it has nemotron_onnx_config.json or
+    encoder.safetensors), else an MLX layout recognised by its config.json (asr_core.mlx_bundle).
+    `precision` "auto": f32 on the CPU; on a GPU f16 for the ONNX bundle, an MLX layout's stored
+    dtype (non-quantized parts stay as published)."""
     root = Path(dir)
-    if precision not in PRECISIONS:
-        raise BundleError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    if precision != "auto" and precision not in PRECISIONS:
+        raise BundleError(f"precision {precision!r}: expected auto or one of {', '.join(PRECISIONS)}")
     if not root.is_dir():
         raise BundleError(f"{root}: not a directory")
+    if not (root / CONFIG_FILE).is_file() and not (root / ENCODER_FILE).is_file():
+        from asr_core.mlx_bundle import load_mlx_bundle
+
+        return load_mlx_bundle(root, precision)
+    if precision == "auto":
+        precision = "f16" if on_gpu() else "f32"
     for name in REQUIRED_FILES:
         if not (root / name).is_file():
             raise BundleError(f"{root / name}: missing file")
 
     # 1. Validate everything (nothing heavy is read yet).
-    raw = _parse_config(root / CONFIG_FILE, _read_json(root / CONFIG_FILE))
+    raw = _parse_config(root / CONFIG_FILE, read_json(root / CONFIG_FILE))
     enc_path = root / ENCODER_FILE
-    entries = _read_safetensors_header(enc_path)
+    entries = read_safetensors_header(enc_path)
     naming: Literal["hf", "nemo"] = "hf"
     if "encoder.pre_encode.conv.0.weight" in entries and "encoder.subsampling.conv_in.weight" not in entries:
         naming = "nemo"
-        renamed: dict[str, _StEntry] = {}
+        renamed: dict[str, StEntry] = {}
         for name, e in entries.items():
             if _NEMO_DROPPED.match(name):
                 continue
@@ -824,7 +929,7 @@ def load_bundle(dir: str | Path, precision: str = "f32") -> Bundle:
     kinds = encoder_tensor_kinds(enc_cfg.num_hidden_layers, enc_cfg.n_subsampling_stages)
     weights: dict[str, mx.array] = {}
     for name, kind in kinds.items():
-        data, is_bf16 = _read_tensor(enc_path, entries[name])
+        data, is_bf16 = read_tensor(enc_path, entries[name])
         host = to_mlx_layout(kind, data)
         w = mx.array(host).view(mx.bfloat16) if is_bf16 else mx.array(host)
         w = w.astype(dtype)
@@ -845,6 +950,7 @@ def load_bundle(dir: str | Path, precision: str = "f32") -> Bundle:
         joiner_path=root / JOINER_FILE,
         sentencepiece_path=sp_path if sp_path.is_file() else None,
         tensor_naming=naming,
+        stored_precision=ST_PRECISIONS[Counter(e.dtype for e in entries.values()).most_common(1)[0][0]],
         mel_filters_transposed=mel_transposed,
     )
 

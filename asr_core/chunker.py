@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from asr_core.encoder.geometry import chunk_frames, first_chunk_frames
+from asr_core.encoder.geometry import chunk_frames, encoder_frames, first_chunk_frames
 
 F32 = NDArray[np.float32]
 
@@ -30,8 +30,10 @@ class MelChunker:
         self.lookahead = lookahead
         self.first_size = first_chunk_frames(lookahead, subsampling_factor)
         self.size = chunk_frames(lookahead, subsampling_factor)
+        self._stages = subsampling_factor.bit_length() - 1  # stride-2 stages: 8 -> 3
         self._pending: list[F32] = []
         self._n_pending = 0
+        self._last: F32 | None = None  # the newest frame pushed
         self.chunks_emitted = 0
         self._finished = False
 
@@ -46,6 +48,7 @@ class MelChunker:
         if frames.shape[0]:
             self._pending.append(frames)
             self._n_pending += frames.shape[0]
+            self._last = frames[-1:].copy()
         out: list[F32] = []
         if self._n_pending < self._next_size():
             return out
@@ -60,6 +63,25 @@ class MelChunker:
         self._pending = [rest] if rest.shape[0] else []
         self._n_pending = rest.shape[0]
         return out
+
+    def flush_chunk(self, extra_chunks: int = 1) -> tuple[F32, int]:
+        """What a flush encodes when the caller stopped speaking: the partial next chunk's frames,
+        padded with copies of its last frame (the line's silence, which the VAD just heard) to the
+        next chunk and `extra_chunks` more, so that even its last real frame has a chunk of right
+        context and the last word's late pieces (emitted a frame or two after its audio) come out;
+        and how many
+        encoder frames hold real audio (the rest is padding). Nothing pending: padding alone after
+        the newest frame, 0 real; no frame yet: an empty chunk. The frames stay pending."""
+        if self._last is None:
+            return np.zeros((0, 0), np.float32), 0
+        size = self._next_size() + extra_chunks * self.size
+        if not self._n_pending:
+            return np.ascontiguousarray(np.repeat(self._last, size, axis=0), dtype=np.float32), 0
+        real = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        pad = np.repeat(real[-1:], size - real.shape[0], axis=0)
+        chunk = np.ascontiguousarray(np.concatenate([real, pad]), dtype=np.float32)
+        first = self.chunks_emitted == 0
+        return chunk, encoder_frames(real.shape[0], first, True, self._stages)
 
     def finish(self) -> F32 | None:
         """The short final chunk (fewer frames than a full one), or None if the frames ended on a

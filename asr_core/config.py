@@ -1,18 +1,24 @@
 """Engine configuration: plain frozen dataclasses that the cores take (no environment reading here).
 
-The edge (`gateway.config.Settings`, the CLI) builds an `EngineConfig`, e.g. with
-`EngineConfig.from_settings(settings.model_dump())`; model hyperparameters are not settings, they come
-from the bundle.
+The edge builds an `EngineConfig` field by field from its own settings (the gateway: `engine_config` in
+gateway/daemon.py; the CLI tools: their flags); model hyperparameters are not settings, they come from
+the bundle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-DecoderMode = Literal["workers", "batched"]
-DECODER_MODES: tuple[DecoderMode, ...] = ("workers", "batched")
+from asr_core.vad import VadConfig
+
+DecoderMode = Literal["workers", "batched", "device"]
+DECODER_MODES: tuple[DecoderMode, ...] = ("workers", "batched", "device")
+WaitPolicy = Literal["adaptive", "fixed"]
+WAIT_POLICIES: tuple[WaitPolicy, ...] = ("adaptive", "fixed")
+WordsMode = Literal["off", "final", "all"]
+WORDS_MODES: tuple[WordsMode, ...] = ("off", "final", "all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +26,11 @@ class SchedulerConfig:
     # Most chunks (one per stream) in one encoder step.
     max_batch: int = 64
     # A ready chunk waits at most this long for a fuller batch (0 = step as soon as anything is ready).
-    max_wait_ms: float = 10.0
+    max_wait_ms: float = 100.0
+    # "adaptive": wait a few times the measured fixed cost of a step (capped by max_wait_ms), so that
+    # an accelerator whose step costs the same for 1 or 128 rows steps on full batches while a CPU,
+    # whose step cost grows with every row, hardly waits. "fixed": always max_wait_ms.
+    wait_policy: WaitPolicy = "adaptive"
     # Chunks a stream may have queued before the encoder; beyond it the oldest droppable one is dropped
     # (16 x 320 ms = 5 s of audio at the default lookahead).
     max_queued_chunks: int = 16
@@ -33,6 +43,8 @@ class SchedulerConfig:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        if self.wait_policy not in WAIT_POLICIES:
+            raise ValueError(f"wait_policy must be one of {WAIT_POLICIES}, got {self.wait_policy!r}")
         if self.max_queued_chunks < 2:
             # The first and the last chunk of a stream are never dropped, so a bound of 1 could not hold.
             raise ValueError(f"max_queued_chunks must be >= 2, got {self.max_queued_chunks}")
@@ -44,6 +56,8 @@ class SchedulerConfig:
 class DecoderConfig:
     # "workers": each stream pinned to one of `workers` threads that decodes its chunks one by one.
     # "batched": each worker advances all its due streams in one batched greedy pass.
+    # "device": the MLX thread decodes every row of an encoder step on the accelerator right after the
+    # step (predictor states stay on the device); the workers only assemble transcripts.
     mode: DecoderMode = "batched"
     workers: int = 2
 
@@ -80,6 +94,8 @@ class EndpointConfig:
     # Partials only when the text grew, at most one per this interval per stream (0 = every growth).
     partial_interval_ms: int = 300
     partials: bool = True
+    # Which events carry `words` (times and confidence): finals only, partials too, or none.
+    words: WordsMode = "final"
 
     def __post_init__(self) -> None:
         if self.blank_ms <= 0:
@@ -92,6 +108,8 @@ class EndpointConfig:
             raise ValueError(f"max_segment_ms must be > 0, got {self.max_segment_ms}")
         if self.partial_interval_ms < 0:
             raise ValueError(f"partial_interval_ms must be >= 0, got {self.partial_interval_ms}")
+        if self.words not in WORDS_MODES:
+            raise ValueError(f"words must be one of {WORDS_MODES}, got {self.words!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,41 +117,26 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)
+    # Audio-driven endpointing on each stream's front end (asr_core.vad); kind "off": token rules only.
+    vad: VadConfig = field(default_factory=VadConfig)
     # StreamOptions.language "" / lookahead None fall back to these (None = the bundle's default).
     default_language: str = "auto"
     default_lookahead: int | None = None
 
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> EngineConfig:
-        """Build from `gateway.config.Settings.model_dump()` (sections `asr`, `encoder`, `decoder`).
 
-        Keys a section does not have keep their defaults; unknown keys are ignored, so asr_core does not
-        depend on the gateway's settings classes.
-        """
-        asr = dict(settings.get("asr", {}))
-        enc = dict(settings.get("encoder", {}))
-        dec = dict(settings.get("decoder", {}))
-        endpoint_keys = {
-            "endpoint_blank_ms": "blank_ms",
-            "endpoint_energy_db": "energy_db",
-            "endpoint_max_blank_ms": "max_blank_ms",
-            "max_segment_ms": "max_segment_ms",
-            "partial_interval_ms": "partial_interval_ms",
-            "partials": "partials",
-        }
-        endpoint = {dst: asr[src] for src, dst in endpoint_keys.items() if src in asr}
-        scheduler = _pick(SchedulerConfig, enc)
-        if "max_undecoded_chunks" in dec:
-            scheduler["max_undecoded_chunks"] = dec["max_undecoded_chunks"]
-        return cls(
-            scheduler=SchedulerConfig(**scheduler),
-            decoder=DecoderConfig(**_pick(DecoderConfig, dec)),
-            endpoint=EndpointConfig(**endpoint),
-            default_language=asr.get("language") or "auto",
-            default_lookahead=asr.get("lookahead"),
-        )
+def engine_config_to_json(config: EngineConfig) -> dict[str, Any]:
+    """The config as plain data (for a process that runs the engine elsewhere)."""
+    from dataclasses import asdict
+
+    return asdict(config)
 
 
-def _pick(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in values.items() if k in names}
+def engine_config_from_json(data: Mapping[str, Any]) -> EngineConfig:
+    """Inverse of `engine_config_to_json`; unknown keys are errors (both ends are this code)."""
+    return EngineConfig(
+        scheduler=SchedulerConfig(**data["scheduler"]),
+        decoder=DecoderConfig(**data["decoder"]),
+        endpoint=EndpointConfig(**data["endpoint"]),
+        vad=VadConfig(**data["vad"]),
+        **{k: v for k, v in data.items() if k not in ("scheduler", "decoder", "endpoint", "vad")},
+    )

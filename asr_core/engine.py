@@ -18,6 +18,27 @@ scheduler is shared under one lock, held only for its (cheap) pure calls, never 
 Everything for a stream reaches its worker through one FIFO queue (opened, chunks, done), so its
 events come in order and `StreamEnded` is always last.
 
+Endpointing: each stream's front end also runs a VAD (asr_core.vad). When it decides the caller
+stopped, the stream queues a *flush*: a `ChunkPayload` with `flush=True` holding the partial next
+chunk, padded with copies of its last (silent) mel frame, since the VAD just heard silence there, to
+that chunk and one more (so the last word's late pieces come out: MelChunker.flush_chunk). The
+encoder runs it as a non-committing step (no cache written, the stream not advanced); the worker
+decodes it and closes the utterance with a final at once, instead of waiting for the chunk to fill,
+its lookahead, and the token-silence rule. The flush is plain data on the front-end side, so it can
+cross a process boundary like any chunk.
+
+Decoder reconciliation: each stream's worker keeps `next_frame`, the first encoder frame it has not
+decoded with its committed state. A chunk or flush starting before it is decoded only from
+`next_frame` on, and `next_frame` moves to the end of its real-audio frames. So every frame of real
+audio is decoded once: the frames a flush covered, from the flush; the real chunk that later covers
+the same audio contributes only its frames after them. A flush's padding frames are decoded too, from
+a copy of the state, so that the last word's late pieces make it into the final (pieces that finish
+that word only: a new word there came from imagined silence); those tokens are remembered as
+published (`spec`), and when the real frames behind the padding are decoded, the tokens they give
+that match them, in order, are not emitted again (the first that differs ends the matching). The
+encoder frames of every later chunk are exactly those of a stream without the flush
+(the step wrote no cache).
+
 Front end on the caller's thread: features and chunking of a 20-320 ms push cost tens of
 microseconds of numpy (measured: docs/benchmarks.md), less than a thread hand-off would, and they
 keep each stream's audio in order without another queue. `push` never blocks on the encoder: a
@@ -32,9 +53,9 @@ open stream ends with reason "error", `on_fatal` is called, and every later call
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import logging
-import math
 import queue
 import threading
 import time
@@ -48,28 +69,21 @@ from asr_core._blas import limit_numpy_blas_threads
 from asr_core.api import SAMPLE_RATE_HZ, AsrEvent, EventCallback, StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import EngineConfig
 from asr_core.errors import EngineStoppedError, StreamClosedError
+from asr_core.frontend import ChunkPayload, StreamFrontEnd
 from asr_core.hooks import EngineHooks, NullHooks
-from asr_core.model import BatchDecoder, EncoderBackend, EngineModel, FrontEnd, StreamDecoder
+from asr_core.model import (
+    BatchDecoder,
+    DeviceDecoderBackend,
+    EncoderBackend,
+    EngineModel,
+    StreamDecoder,
+)
 from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepPlan, StreamPhase
-from asr_core.transcript import FRAME_MS, Token, TranscriptAssembler
+from asr_core.transcript import Token, TranscriptAssembler
 
 logger = logging.getLogger(__name__)
 
-SAMPLES_PER_FRAME = SAMPLE_RATE_HZ * FRAME_MS // 1000  # 1280: one encoder frame = 8 hops of 160
-# Encoder frame j's receptive field ends at sample 1280*j + 200 (mel frame 8j's window); its energy
-# is that of the 80 ms of audio ending there: the newest audio the frame sees.
-_ENERGY_END = 200
-_SILENT_DB = -120.0
 _LAG_SAMPLES = 512  # chunk lags kept per stream for its end-of-stream stats (most recent)
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkPayload:
-    """What travels with a mel chunk from the caller through the encoder to the decoder worker."""
-
-    mel: np.ndarray
-    energies_db: np.ndarray  # per encoder frame of the chunk (full chunk length; a short one is cut)
-    completed_at: float  # monotonic time of the push that completed the chunk
 
 
 # -- messages to decoder workers ---------------------------------------------------------------
@@ -85,6 +99,18 @@ class _Opened:
 class _Done:
     key: int
     reason: str  # "finished" | "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """A chunk the MLX thread already decoded on the device (decoder mode "device"): its tokens from
+    frame `skip` on, and for a flush the tokens of its padding (decoded from a copy of the state)."""
+
+    chunk: EncodedChunk[ChunkPayload]
+    tokens: list[Token]
+    skip: int
+    padding_tokens: list[Token]
+    seconds: float  # this chunk's share of the batched decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +161,15 @@ class AsrEngine:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._sched: EncoderScheduler[ChunkPayload] = EncoderScheduler(self.config.scheduler)
-        self._streams: dict[int, AsrStream] = {}  # open or draining streams, until StreamEnded
+        self._streams: dict[int, _StreamHandle] = {}  # open or draining streams, until StreamEnded
         self._idle = threading.Condition(self._lock)
         self._keys = itertools.count(1)
         self._load = [0] * self.config.decoder.workers
         self._slots: dict[int, int] = {}  # MLX thread only
         self._encoder: EncoderBackend | None = None  # built and owned by the MLX thread
+        self._device: DeviceDecoderBackend | None = None  # decoder mode "device": the MLX thread's too
+        self._device_slots: dict[int, int] = {}  # MLX thread only
+        self._device_next: dict[int, int] = {}  # MLX thread only: first frame not decoded, per stream
         self._ready = threading.Event()
         self._route: dict[int, int] = {}  # stream key -> its worker, until its _Done is sent
         self._workers: list[_DecoderWorker] = []
@@ -155,12 +184,14 @@ class AsrEngine:
         if self._mlx_thread is not None:
             raise RuntimeError("engine already started")
         limit_numpy_blas_threads()  # the streams' front ends: small matmuls, one thread each (see _blas)
-        batched = self.config.decoder.mode == "batched"
+        mode = self.config.decoder.mode
         for i in range(self.config.decoder.workers):
-            dec: StreamDecoder | BatchDecoder = (
-                self.model.new_batch_decoder() if batched else self.model.new_decoder()
-            )
-            self._workers.append(_DecoderWorker(self, i, dec, batched))
+            dec: StreamDecoder | BatchDecoder | None = None
+            if mode == "batched":
+                dec = self.model.new_batch_decoder()
+            elif mode == "workers":
+                dec = self.model.new_decoder()
+            self._workers.append(_DecoderWorker(self, i, dec, mode == "batched"))
         for w in self._workers:
             w.thread.start()
         self._mlx_thread = threading.Thread(target=self._encoder_loop, name="asr-encoder", daemon=True)
@@ -189,6 +220,23 @@ class AsrEngine:
         with self._lock:
             return len(self._streams)
 
+    def status(self) -> dict[str, float]:
+        """How far behind the engine is: `lag_s` is the longest time, over the last second or two,
+        from a chunk's audio arriving to its chunk being decoded (the delay every transcript carries);
+        `queued_chunks` waits for the encoder; `max_wait_ms` is the scheduler's current batching wait."""
+        now = self._clock()
+        with self._lock:
+            queued = self._sched.total_queued()
+            streams = len(self._streams)
+            wait = self._sched.max_wait_s
+        return {
+            "active_streams": streams,
+            "queued_chunks": queued,
+            "lag_s": max((w.lag.value(now) for w in self._workers), default=0.0),
+            "max_wait_ms": 1000 * wait,
+            "failed": self._failure is not None,
+        }
+
     def shutdown(self, *, drain: bool = True, timeout: float = 30.0) -> None:
         """Stop taking streams; finish (drain=True: flush, finals for all) or close every open stream,
         wait for their `StreamEnded` (closing what is left after `timeout`), then join the threads."""
@@ -197,7 +245,7 @@ class AsrEngine:
             streams = list(self._streams.values())
         for s in streams:
             with contextlib.suppress(StreamClosedError, EngineStoppedError):
-                s.finish() if drain else s.close()
+                s.drain() if drain else s.close()
         deadline = self._clock() + timeout
         with self._idle:
             while self._streams and self._failure is None:
@@ -228,7 +276,29 @@ class AsrEngine:
     # -- streams -------------------------------------------------------------------------------
 
     def open_stream(self, stream_id: str, options: StreamOptions, on_event: EventCallback) -> AsrStream:
-        """Start a stream; its events go to `on_event` (called on engine threads, in order)."""
+        """Start a stream fed with audio; its events go to `on_event` (called on engine threads, in order)."""
+        shared = self._prepare(stream_id, options, on_event)
+        vad = self.config.vad
+        frontend = StreamFrontEnd(
+            self.model.new_frontend(shared.lookahead),
+            shared.lookahead,
+            vad if vad.enabled else None,
+            self._clock,
+        )
+        stream = AsrStream(self, shared, frontend)
+        self._register(stream)
+        return stream
+
+    def open_chunk_stream(
+        self, stream_id: str, options: StreamOptions, on_event: EventCallback
+    ) -> ChunkStream:
+        """Start a stream fed with chunks (and flushes) that a front end elsewhere made (another
+        process ran `asr_core.frontend.StreamFrontEnd` for it); otherwise like `open_stream`."""
+        stream = ChunkStream(self, self._prepare(stream_id, options, on_event))
+        self._register(stream)
+        return stream
+
+    def _prepare(self, stream_id: str, options: StreamOptions, on_event: EventCallback) -> _StreamShared:
         language = options.language or self.config.default_language
         lookahead = options.lookahead
         if lookahead is None:
@@ -240,21 +310,21 @@ class AsrEngine:
                 f"lookahead {lookahead} not supported; the model has {list(self.model.lookaheads)}"
             )
         prompt_id = self.model.prompt_id(language)
-        frontend = self.model.new_frontend(lookahead)
+        return _StreamShared(0, stream_id, on_event, lookahead, prompt_id, -1)
+
+    def _register(self, stream: _StreamHandle) -> None:
+        shared = stream.shared
         with self._lock:
             self._check_running()
-            key = next(self._keys)
-            worker = min(range(len(self._load)), key=self._load.__getitem__)
+            shared.key = key = next(self._keys)
+            shared.worker = worker = min(range(len(self._load)), key=self._load.__getitem__)
             self._load[worker] += 1
-            shared = _StreamShared(key, stream_id, on_event, lookahead, prompt_id, worker)
-            stream = AsrStream(self, shared, frontend)
             self._streams[key] = stream
             self._route[key] = worker
             # The worker learns of the stream before any of its chunks can reach it (FIFO).
             self._workers[worker].queue.put(_Opened(key, shared))
-            self._sched.add_stream(key, prompt_id, lookahead)
-        logger.debug("stream %s opened (%s, lookahead %d, worker %d)", stream_id, language, lookahead, worker)
-        return stream
+            self._sched.add_stream(key, shared.prompt_id, shared.lookahead)
+        logger.debug("stream %s opened (lookahead %d, worker %d)", shared.stream_id, shared.lookahead, worker)
 
     def _check_running(self) -> None:
         if self._failure is not None:
@@ -273,7 +343,7 @@ class AsrEngine:
             now = self._clock()
             for i, p in enumerate(payloads):
                 is_last = last and i == len(payloads) - 1
-                dropped += self._sched.push_chunk(key, p, now, is_last=is_last)
+                dropped += self._sched.push_chunk(key, p, now, is_last=is_last, flush=p.flush)
             if dropped and key in self._streams:
                 self._streams[key].shared.dropped = dropped[-1].dropped_total
             if end and not last:
@@ -313,6 +383,8 @@ class AsrEngine:
     def _encoder_loop(self) -> None:
         try:
             self._encoder = self.model.create_encoder()
+            if self.config.decoder.mode == "device":
+                self._device = self.model.new_device_decoder()
             # On a GPU the step is mx.compile'd per batch bucket: trace them all now (seconds) so
             # that no live step pays for it. A no-op where the encoder is not compiled.
             warmup = getattr(self._encoder, "warmup", None)
@@ -344,13 +416,32 @@ class AsrEngine:
                 self._run(plan)
         except BaseException as e:  # any failure here is fatal, reported loudly
             self._fail(e)
+        finally:
+            self._release_device()
+
+    def _release_device(self) -> None:
+        """MLX thread, last thing: free the device state it built and its thread-local streams, so that
+        nothing of the accelerator's runtime is left for thread or process teardown (MLX's CUDA
+        backend aborts the process when a thread's streams outlive the runtime)."""
+        self._device = None
+        encoder, self._encoder = self._encoder, None
+        close = getattr(encoder, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                logger.exception("releasing the encoder failed")
 
     def _run(self, plan: StepPlan[ChunkPayload]) -> None:
         encoder = self._encoder
         assert encoder is not None
+        device = self._device
         for left in plan.left:
             if left.had_slot:
                 encoder.release(self._slots.pop(left.key))
+                if device is not None:
+                    device.release(self._device_slots.pop(left.key))
+                    self._device_next.pop(left.key, None)
         with self._lock:
             routes = [(self._route.pop(left.key, None), left) for left in plan.left]
         for worker, left in routes:
@@ -358,19 +449,61 @@ class AsrEngine:
                 self._workers[worker].queue.put(_Done(left.key, left.reason))
         for j in plan.joined:
             self._slots[j.key] = encoder.alloc(j.prompt_id, j.lookahead)
+            if device is not None:
+                self._device_slots[j.key] = device.alloc()
+                self._device_next[j.key] = 0
         if not plan.rows:
             return
-        rows = [(self._slots[r.key], r.payload.mel, r.is_last) for r in plan.rows]
+        rows = [(self._slots[r.key], r.payload.mel, r.is_last, r.flush) for r in plan.rows]
         t0 = time.perf_counter()
         frames = encoder.step(rows)
         seconds = time.perf_counter() - t0
-        by_worker: dict[int, list[EncodedChunk[ChunkPayload]]] = {}
+        by_worker: dict[int, list[Any]] = {}
         with self._lock:
-            for c in self._sched.update_from_output(plan, frames, self._clock()):
-                by_worker.setdefault(self._route[c.key], []).append(c)
+            self._sched.observe_step(len(rows), seconds)
+            chunks = self._sched.update_from_output(plan, frames, self._clock())
+            owners = [self._route[c.key] for c in chunks]
         self.hooks.encoder_step(seconds, len(rows), [r.queue_wait_s for r in plan.rows])
-        for w, chunks in by_worker.items():
-            self._workers[w].queue.put(chunks)
+        items: list[Any] = list(chunks)
+        if device is not None and chunks:
+            items = self._decode_on_device(device, chunks)
+        for w, item in zip(owners, items, strict=True):
+            by_worker.setdefault(w, []).append(item)
+        for w, batch in by_worker.items():
+            self._workers[w].queue.put(batch)
+
+    def _decode_on_device(
+        self, device: DeviceDecoderBackend, chunks: list[EncodedChunk[ChunkPayload]]
+    ) -> list[_Decoded]:
+        """Decode a step's chunks on the device (the reconciliation rule of the module docstring
+        applied here, where the stream's committed decoder state lives): each from its first frame
+        not decoded yet to its last frame due; then each flush's padding from a copy of its state."""
+        t0 = time.perf_counter()
+        skips = [min(_frames_due(c), max(0, self._device_next[c.key] - c.first_frame)) for c in chunks]
+        tokens = device.decode(
+            [self._device_slots[c.key] for c in chunks],
+            [c.frames[k : _frames_due(c)] for c, k in zip(chunks, skips, strict=True)],
+            [c.first_frame + k for c, k in zip(chunks, skips, strict=True)],
+        )
+        for c in chunks:
+            self._device_next[c.key] = max(self._device_next[c.key], c.first_frame + _frames_due(c))
+        flushes = [i for i, c in enumerate(chunks) if c.flush and c.frames.shape[0] > _frames_due(c)]
+        padding: dict[int, list[Token]] = {}
+        if flushes:
+            spec = device.decode(
+                [self._device_slots[chunks[i].key] for i in flushes],
+                [chunks[i].frames[_frames_due(chunks[i]) :] for i in flushes],
+                [chunks[i].first_frame + _frames_due(chunks[i]) for i in flushes],
+                commit=False,
+            )
+            padding = dict(zip(flushes, spec, strict=True))
+        dt = time.perf_counter() - t0
+        self.hooks.decoder_step(dt, len(chunks))
+        share = dt / len(chunks)
+        return [
+            _Decoded(c, t, k, padding.get(i, []), share)
+            for i, (c, t, k) in enumerate(zip(chunks, tokens, skips, strict=True))
+        ]
 
     def _fail(self, error: BaseException) -> None:
         logger.critical("ASR encoder thread failed; the engine stops", exc_info=error)
@@ -387,23 +520,14 @@ class AsrEngine:
                 logger.exception("on_fatal callback failed")
 
 
-class AsrStream:
-    """Handle of one stream: `push` audio, then `finish` (flush + finals) or `close` (abort).
+class _StreamHandle:
+    """What both kinds of stream share: identity, backlog, closing (abort)."""
 
-    `push`, `finish` and `close` may be called from any one thread at a time per stream (typically
-    the event loop). After `StreamEnded` (or after finish/close) `push` raises `StreamClosedError`.
-    """
-
-    def __init__(self, engine: AsrEngine, shared: _StreamShared, frontend: FrontEnd) -> None:
+    def __init__(self, engine: AsrEngine, shared: _StreamShared) -> None:
         self._engine = engine
         self.shared = shared
-        self._frontend = frontend
         self._lock = threading.Lock()
         self._state = "open"
-        self._chunks = 0  # chunks handed to the scheduler (its seq numbers)
-        self._frame_span = shared.lookahead + 1
-        self._hist = np.zeros(0, np.float32)  # audio from sample _hist_start on (for frame energies)
-        self._hist_start = 0
 
     @property
     def stream_id(self) -> str:
@@ -420,34 +544,6 @@ class AsrStream:
         with self._engine._lock:
             return self._engine._sched.backlog(self.shared.key)
 
-    def push(self, pcm: np.ndarray) -> None:
-        """Add 16 kHz mono float32 audio in [-1, 1] (any length)."""
-        x = _as_pcm(pcm)
-        with self._lock:
-            if self._state != "open":
-                raise StreamClosedError(f"stream {self.stream_id} is {self._state}")
-            if x.size == 0:
-                return
-            chunks = self._frontend.push(x)
-            self._append_audio(x)
-            if chunks:
-                try:
-                    self._engine._submit(self.shared.key, self._payloads(chunks), last=False, end=False)
-                except StreamClosedError:
-                    self._state = "ended"
-                    raise
-
-    def finish(self) -> None:
-        """End of audio: flush the front end (final short chunk), then the final transcript and
-        `StreamEnded(reason="finished")` arrive through the callback."""
-        with self._lock:
-            if self._state != "open":
-                raise StreamClosedError(f"stream {self.stream_id} is {self._state}")
-            self._state = "finished"
-            self.shared.finished_at = self._engine._clock()
-            chunks, last_is_final = self._frontend.finish()
-            self._engine._submit(self.shared.key, self._payloads(chunks), last=last_is_final, end=True)
-
     def close(self) -> None:
         """Abort: queued audio is discarded; the text decoded so far still comes as a final, then
         `StreamEnded(reason="closed")`. Closing twice is harmless."""
@@ -459,38 +555,108 @@ class AsrStream:
                 self.shared.finished_at = self._engine._clock()
         self._engine._close(self.shared.key)
 
-    # -- helpers -------------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Shutdown: no more input; what was queued is decoded and the finals come."""
+        raise NotImplementedError
 
-    def _append_audio(self, x: np.ndarray) -> None:
-        self._hist = np.concatenate([self._hist, x]) if self._hist.size else x.copy()
-        self.shared.samples += x.size
+    def _submit(self, payloads: list[ChunkPayload], *, last: bool, end: bool) -> None:
+        try:
+            self._engine._submit(self.shared.key, payloads, last=last, end=end)
+        except StreamClosedError:
+            self._state = "ended"
+            raise
 
-    def _payloads(self, chunks: list[np.ndarray]) -> list[ChunkPayload]:
-        now = self._engine._clock()
-        out = []
-        for mel in chunks:
-            first = self._chunks * self._frame_span
-            out.append(ChunkPayload(mel=mel, energies_db=self._energies(first), completed_at=now))
-            self._chunks += 1
-        # Keep only the audio the next chunk's frame energies need.
-        keep_from = max(
-            0, self._chunks * self._frame_span * SAMPLES_PER_FRAME + _ENERGY_END - SAMPLES_PER_FRAME
-        )
-        if keep_from > self._hist_start:
-            self._hist = self._hist[keep_from - self._hist_start :]
-            self._hist_start = keep_from
-        return out
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise StreamClosedError(f"stream {self.stream_id} is {self._state}")
 
-    def _energies(self, first_frame: int) -> np.ndarray:
-        out = np.full(self._frame_span, _SILENT_DB, np.float32)
-        for i in range(self._frame_span):
-            end = (first_frame + i) * SAMPLES_PER_FRAME + _ENERGY_END
-            lo = max(0, end - SAMPLES_PER_FRAME) - self._hist_start
-            hi = min(end, self.shared.samples) - self._hist_start
-            if hi > lo and lo >= 0:
-                seg = self._hist[lo:hi]
-                out[i] = max(_SILENT_DB, 10.0 * math.log10(float(np.dot(seg, seg)) / seg.size + 1e-12))
-        return out
+
+class AsrStream(_StreamHandle):
+    """Handle of one stream: `push` audio, then `finish` (flush + finals) or `close` (abort).
+
+    `push`, `finish` and `close` may be called from any one thread at a time per stream (typically
+    the event loop). After `StreamEnded` (or after finish/close) `push` raises `StreamClosedError`.
+    """
+
+    def __init__(self, engine: AsrEngine, shared: _StreamShared, frontend: StreamFrontEnd) -> None:
+        super().__init__(engine, shared)
+        self._frontend = frontend
+
+    def push(self, pcm: np.ndarray) -> None:
+        """Add 16 kHz mono float32 audio in [-1, 1] (any length)."""
+        x = _as_pcm(pcm)
+        with self._lock:
+            self._check_open()
+            payloads = self._frontend.push(x)
+            self.shared.samples = self._frontend.samples
+            if payloads:
+                self._submit(payloads, last=False, end=False)
+
+    def finish(self) -> None:
+        """End of audio: flush the front end (final short chunk), then the final transcript and
+        `StreamEnded(reason="finished")` arrive through the callback."""
+        with self._lock:
+            self._check_open()
+            self._state = "finished"
+            self.shared.finished_at = self._engine._clock()
+            payloads, last_is_final = self._frontend.finish()
+            self._engine._submit(self.shared.key, payloads, last=last_is_final, end=True)
+
+    def drain(self) -> None:
+        self.finish()
+
+
+class ChunkStream(_StreamHandle):
+    """A stream whose front end runs elsewhere: `push_chunks` its chunks (and flushes) in order, then
+    `finish` (or `close`). `samples` is the audio the front end consumed so far (for audio_ms)."""
+
+    def push_chunks(self, payloads: list[ChunkPayload], samples: int) -> None:
+        with self._lock:
+            self._check_open()
+            self.shared.samples = samples
+            if payloads:
+                self._submit(payloads, last=False, end=False)
+
+    def finish(self, payloads: list[ChunkPayload], last_is_final: bool, samples: int) -> None:
+        with self._lock:
+            self._check_open()
+            self._state = "finished"
+            self.shared.samples = samples
+            self.shared.finished_at = self._engine._clock()
+            self._engine._submit(self.shared.key, payloads, last=last_is_final, end=True)
+
+    def drain(self) -> None:
+        self.finish([], False, self.shared.samples)
+
+
+class RecentMax:
+    """The largest value recorded in the last one to two `window_s` (two buckets). One writer; readers
+    on other threads see a value at most one record old."""
+
+    def __init__(self, window_s: float = 1.0) -> None:
+        self.window_s = window_s
+        self._bucket_start = 0.0
+        self._current = 0.0
+        self._previous = 0.0
+
+    def record(self, value: float, now: float) -> None:
+        self._roll(now)
+        if value > self._current:
+            self._current = value
+
+    def value(self, now: float) -> float:
+        if now - self._bucket_start >= 2 * self.window_s:
+            return 0.0
+        if now - self._bucket_start >= self.window_s:
+            return self._current
+        return max(self._current, self._previous)
+
+    def _roll(self, now: float) -> None:
+        if now - self._bucket_start >= self.window_s:
+            fresh = now - self._bucket_start < 2 * self.window_s
+            self._previous = self._current if fresh else 0.0
+            self._current = 0.0
+            self._bucket_start = now
 
 
 class _SafeHooks:
@@ -529,6 +695,12 @@ class _SafeHooks:
         except Exception:
             self._failed("transcript")
 
+    def time_to_final(self, seconds: float) -> None:
+        try:
+            self._hooks.time_to_final(seconds)
+        except Exception:
+            self._failed("time_to_final")
+
 
 def _as_pcm(pcm: np.ndarray) -> np.ndarray:
     x = np.asarray(pcm)
@@ -557,13 +729,40 @@ class _WorkerStream:
     last_completed_at: float = 0.0
     lags: list[float] = field(default_factory=list)
     queue_wait_max_s: float = 0.0
+    next_frame: int = 0  # first encoder frame not decoded yet (the reconciliation rule, module doc)
+    flushes: int = 0
+    spec: list[int] = field(default_factory=list)  # published from a flush's padding, not yet confirmed
+    spec_end: int = 0  # the frame after that flush's chunk
+
+
+def _unpublished(ws: _WorkerStream, tokens: list[Token]) -> list[Token]:
+    """`tokens` less the leading ones a flush already published from its padding (`ws.spec`, in
+    order); the first token that differs ends the matching."""
+    k = 0
+    while k < len(tokens) and ws.spec and tokens[k].id == ws.spec[0]:
+        ws.spec.pop(0)
+        k += 1
+    if k < len(tokens):
+        ws.spec = []
+    return tokens[k:]
+
+
+def _frames_due(c: EncodedChunk[ChunkPayload]) -> int:
+    """Frames of `c` to decode: all of a chunk, the real-audio ones of a flush."""
+    n = int(c.frames.shape[0])
+    return min(n, c.payload.flush_frames) if c.flush else n
+
+
+def _already_decoded(ws: _WorkerStream, c: EncodedChunk[ChunkPayload]) -> int:
+    """Frames at the start of `c` that an earlier flush already decoded (the reconciliation rule)."""
+    return min(_frames_due(c), max(0, ws.next_frame - c.first_frame))
 
 
 class _DecoderWorker:
     """One decoder thread: owns its decoder (ORT sessions) and the state of its pinned streams."""
 
     def __init__(
-        self, engine: AsrEngine, index: int, decoder: StreamDecoder | BatchDecoder, batched: bool
+        self, engine: AsrEngine, index: int, decoder: StreamDecoder | BatchDecoder | None, batched: bool
     ) -> None:
         self.engine = engine
         self.index = index
@@ -571,6 +770,7 @@ class _DecoderWorker:
         self.batched = batched
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.streams: dict[int, _WorkerStream] = {}
+        self.lag = RecentMax()
         self.thread = threading.Thread(target=self._loop, name=f"asr-decoder-{index}", daemon=True)
 
     def _loop(self) -> None:
@@ -593,7 +793,7 @@ class _DecoderWorker:
 
     def _handle(self, items: list[Any]) -> bool:
         """Process messages in order; consecutive chunk lists are decoded in rounds. True: stop."""
-        pending: list[EncodedChunk[ChunkPayload]] = []
+        pending: list[Any] = []  # EncodedChunk, or _Decoded in decoder mode "device"
         for item in items:
             if isinstance(item, list):
                 pending.extend(item)
@@ -616,14 +816,24 @@ class _DecoderWorker:
         cfg = self.engine.config.endpoint
         assembler = TranscriptAssembler(msg.stream.stream_id, cfg, self.engine.model.text)
         self.streams[msg.key] = ws = _WorkerStream(msg.stream, None, assembler)
+        if self.decoder is None:  # decoded on the device: no state here
+            return
         try:
             ws.state = self.decoder.new_state()
         except Exception as e:
             logger.exception("stream %s: decoder state failed", msg.stream.stream_id)
             self._fail(msg.key, e)
 
-    def _decode(self, chunks: list[EncodedChunk[ChunkPayload]]) -> None:
+    def _decode(self, chunks: list[Any]) -> None:
         if not chunks:
+            return
+        if self.decoder is None:
+            for d in chunks:
+                ws = self.streams.get(d.chunk.key)
+                if ws is not None and not ws.ended:
+                    ws.decode_s += d.seconds
+                    self._assemble(ws, d.chunk, d.tokens, d.skip, d.padding_tokens)
+            self.engine._chunks_decoded([d.chunk.key for d in chunks])
             return
         live = [c for c in chunks if c.key in self.streams and not self.streams[c.key].ended]
         if self.batched:
@@ -648,9 +858,10 @@ class _DecoderWorker:
         if ws.ended:
             return
         dec: StreamDecoder = self.decoder  # type: ignore[assignment]
+        skip = _already_decoded(ws, c)
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
-            tokens = dec.decode(ws.state, c.frames, c.first_frame)
+            tokens = dec.decode(ws.state, c.frames[skip : _frames_due(c)], c.first_frame + skip)
             dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         except Exception as e:
             logger.exception("stream %s: decoding failed", ws.shared.stream_id)
@@ -659,15 +870,18 @@ class _DecoderWorker:
         ws.decode_s += dt
         ws.decode_cpu_s += dc
         self.engine.hooks.decoder_step(dt, 1)
-        self._assemble(ws, c, tokens)
+        self._assemble(ws, c, tokens, skip)
 
     def _decode_batch(self, rnd: list[EncodedChunk[ChunkPayload]]) -> None:
         dec: BatchDecoder = self.decoder  # type: ignore[assignment]
         wss = [self.streams[c.key] for c in rnd]
+        skips = [_already_decoded(w, c) for w, c in zip(wss, rnd, strict=True)]
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
             tokens = dec.decode_batch(
-                [w.state for w in wss], [c.frames for c in rnd], [c.first_frame for c in rnd]
+                [w.state for w in wss],
+                [c.frames[k : _frames_due(c)] for c, k in zip(rnd, skips, strict=True)],
+                [c.first_frame + k for c, k in zip(rnd, skips, strict=True)],
             )
             dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         except Exception as e:
@@ -676,15 +890,33 @@ class _DecoderWorker:
                 self._fail(c.key, e)
             return
         self.engine.hooks.decoder_step(dt, len(rnd))
-        for ws, c, toks in zip(wss, rnd, tokens, strict=True):
+        for ws, c, toks, skip in zip(wss, rnd, tokens, skips, strict=True):
             ws.decode_s += dt / len(rnd)
             ws.decode_cpu_s += dc / len(rnd)
-            self._assemble(ws, c, toks)
+            self._assemble(ws, c, toks, skip)
 
-    def _assemble(self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], tokens: list[Token]) -> None:
-        n = int(c.frames.shape[0])
+    def _assemble(
+        self,
+        ws: _WorkerStream,
+        c: EncodedChunk[ChunkPayload],
+        tokens: list[Token],
+        skip: int,
+        padding_tokens: list[Token] | None = None,
+    ) -> None:
+        n = _frames_due(c)
+        ws.next_frame = max(ws.next_frame, c.first_frame + n)
         try:
-            events = ws.assembler.update(tokens, c.first_frame, n, c.payload.energies_db[:n])
+            tokens = _unpublished(ws, tokens)
+            if not c.flush and c.first_frame + int(c.frames.shape[0]) >= ws.spec_end:
+                ws.spec = []  # the real frames behind the last flush's padding are all decoded
+            energies = c.payload.energies_db[skip:n]
+            events = ws.assembler.update(tokens, c.first_frame + skip, n - skip, energies)
+            if c.flush:
+                ws.flushes += 1
+                closed = ws.assembler.speech_ended(self._speculate(ws, c, n, padding_tokens))
+                if closed and c.payload.speech_end_at is not None:
+                    self.engine.hooks.time_to_final(self.engine._clock() - c.payload.speech_end_at)
+                events += closed
         except Exception as e:
             logger.exception("stream %s: transcript assembly failed", ws.shared.stream_id)
             self._fail(c.key, e)
@@ -695,9 +927,41 @@ class _DecoderWorker:
         now = self.engine._clock()
         lag = now - c.payload.completed_at
         ws.lags.append(lag)
+        self.lag.record(lag, now)
         if len(ws.lags) > _LAG_SAMPLES:
             del ws.lags[: len(ws.lags) - _LAG_SAMPLES]
         self._emit(ws, events, c.payload.completed_at)
+
+    def _speculate(
+        self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], real: int, decoded: list[Token] | None = None
+    ) -> list[Token]:
+        """Decode a flush's padding frames from a copy of the stream's decoder state (or take them
+        `decoded` on the device): the late pieces of the last word (the model emits a piece a frame
+        or two after its audio) go into the final. They become `ws.spec`, the tokens already
+        published that the real frames behind the padding are expected to give again; returns those
+        not published yet."""
+        frames = c.frames[real:]
+        if not frames.shape[0]:
+            return []
+        first = c.first_frame + real
+        if decoded is not None:
+            spec = decoded
+        elif self.batched:
+            state = copy.deepcopy(ws.state)
+            dec: BatchDecoder = self.decoder  # type: ignore[assignment]
+            spec = dec.decode_batch([state], [frames], [first])[0]
+        else:
+            one: StreamDecoder = self.decoder  # type: ignore[assignment]
+            spec = one.decode(copy.deepcopy(ws.state), frames, first)
+        # Only pieces that finish the last word: a new word from imagined silence could be wrong
+        # when the caller goes on (it comes with the real audio instead, in the next utterance).
+        text = self.engine.model.text
+        n = 0
+        while n < len(spec) and not text.starts_word(spec[n].id) and text.decode([spec[n].id])[0]:
+            n += 1
+        new = _unpublished(ws, spec[:n])
+        ws.spec, ws.spec_end = [t.id for t in spec[:n]], c.first_frame + int(c.frames.shape[0])
+        return new
 
     def _emit(self, ws: _WorkerStream, events: Sequence[AsrEvent], completed_at: float | None) -> None:
         now = self.engine._clock()
@@ -744,6 +1008,8 @@ class _DecoderWorker:
             "lag_p50_s": lags[len(lags) // 2] if lags else 0.0,
             "lag_p95_s": lags[min(len(lags) - 1, int(0.95 * len(lags)))] if lags else 0.0,
             "lag_max_s": lags[-1] if lags else 0.0,
+            "flushes": float(ws.flushes),
+            "orphan_pieces": float(ws.assembler.orphan_pieces),
         }
         events.append(
             StreamEnded(

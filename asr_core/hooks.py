@@ -23,6 +23,10 @@ class EngineHooks(Protocol):
     def transcript(self, kind: str, latency_s: float) -> None:
         """A partial/final was emitted `latency_s` after the audio that completed its last chunk arrived."""
 
+    def time_to_final(self, seconds: float) -> None:
+        """A final closed by the VAD was emitted `seconds` after the caller's last speech sample (its
+        wall time estimated from the push that carried it and the stream's real-time pace)."""
+
 
 class NullHooks:
     def encoder_step(self, seconds: float, batch_size: int, queue_waits_s: Sequence[float]) -> None:
@@ -35,4 +39,7 @@ class NullHooks:
         pass
 
     def transcript(self, kind: str, latency_s: float) -> None:
+        pass
+
+    def time_to_final(self, seconds: float) -> None:
         pass

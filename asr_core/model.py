@@ -15,22 +15,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from asr_core.frontend import FeaturesAndChunker, FrontEnd, FrontEndSpec, flush_extra_chunks
 from asr_core.transcript import TextDecoder, Token
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE_HZ = 16_000
-
-
-class FrontEnd(Protocol):
-    """One stream's features + chunker: 16 kHz PCM in, complete encoder mel chunks out."""
-
-    def push(self, pcm: np.ndarray) -> list[np.ndarray]:
-        """Mel chunks (n_frames, n_mels) completed by this audio, in order."""
-
-    def finish(self) -> tuple[list[np.ndarray], bool]:
-        """Flush at end of stream: the remaining chunks and whether the last of them is the stream's
-        final (short) chunk that needs end-of-stream handling in the encoder."""
+GPU_CACHE_LIMIT_BYTES = 16 << 30
 
 
 class EncoderBackend(Protocol):
@@ -40,8 +31,9 @@ class EncoderBackend(Protocol):
 
     def release(self, slot: int) -> None: ...
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
-        """One batched step over (slot, mel chunk, is_last) rows -> per row (T_i, J) frames."""
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
+        """One batched step over (slot, mel chunk, is_last, flush) rows -> per row (T_i, J) frames.
+        A flush row is encoded like the slot's next chunk without changing the slot's state."""
 
 
 class StreamDecoder(Protocol):
@@ -60,6 +52,23 @@ class BatchDecoder(Protocol):
 
     def decode_batch(
         self, states: Sequence[Any], frames: Sequence[np.ndarray], first_frames: Sequence[int]
+    ) -> list[list[Token]]: ...
+
+
+class DeviceDecoderBackend(Protocol):
+    """Greedy decoding of a whole encoder step on the accelerator (owned by the engine's MLX thread)."""
+
+    def alloc(self) -> int: ...
+
+    def release(self, slot: int) -> None: ...
+
+    def decode(
+        self,
+        slots: Sequence[int],
+        frames: Sequence[np.ndarray],
+        first_frames: Sequence[int],
+        *,
+        commit: bool = True,
     ) -> list[list[Token]]: ...
 
 
@@ -85,6 +94,23 @@ class EngineModel(Protocol):
     def new_decoder(self) -> StreamDecoder: ...
 
     def new_batch_decoder(self) -> BatchDecoder: ...
+
+    def new_device_decoder(self) -> DeviceDecoderBackend:
+        """Called on the engine's MLX thread, which then owns it."""
+
+
+def release_mlx_thread() -> None:
+    """Wait for the calling thread's MLX work and destroy its streams. Every thread that ran MLX work
+    calls this last: MLX keeps streams (with their CUDA handles) per thread, and one destroyed after
+    the CUDA runtime unloaded at exit aborts the process ("terminate called without an active
+    exception"); MLX's advice is to clear them at the end of each thread and of the process."""
+    import gc
+
+    import mlx.core as mx
+
+    gc.collect()  # arrays of this thread that only a reference cycle kept
+    mx.synchronize()
+    mx.clear_streams()
 
 
 def embedded_model_dir() -> Path | None:
@@ -117,25 +143,44 @@ class AsrModel:
 
     @classmethod
     def load(cls, model_dir: str | Path, precision: str = "auto") -> AsrModel:
-        """Load the bundle in `model_dir` once: validated files, MLX encoder weights, tokenizer.
+        """Load the bundle in `model_dir` once (any layout `load_bundle` reads): validated files, MLX
+        encoder weights, tokenizer.
 
-        `precision`: "f32", "f16", "bf16", or "auto" (f32 on the CPU, f16 on a GPU).
+        `precision`: "f32", "f16", "bf16", or "auto" (f32 on the CPU; on a GPU f16, or the stored
+        dtype of an MLX layout).
         """
         import mlx.core as mx
 
         from asr_core.bundle import load_bundle
+        from asr_core.quant import QuantizedLinear
         from asr_core.tokenizer import Tokenizer
 
         device = "gpu" if mx.default_device() == mx.gpu else "cpu"
-        if precision == "auto":
-            precision = "f16" if device == "gpu" else "f32"
+        if device == "gpu":
+            # MLX keeps freed buffers for reuse up to the whole memory limit; at thousands of streams
+            # that is the whole card. Bound the cache (what is in use is not limited by this).
+            mx.set_cache_limit(GPU_CACHE_LIMIT_BYTES)
         bundle = load_bundle(Path(model_dir), precision)
         # Materialize the weights here: MLX streams are thread-local (mlx >= 0.31.2), so nothing the
         # MLX thread reads may still be an unevaluated graph of this thread's stream.
-        mx.eval(list(bundle.encoder_weights.values()))
+        mx.eval(
+            [
+                a
+                for w in bundle.encoder_weights.values()
+                for a in (w.arrays() if isinstance(w, QuantizedLinear) else (w,))
+            ]
+        )
         tokenizer = Tokenizer.from_bundle(bundle)
-        logger.info("model loaded from %s (%s on %s)", model_dir, precision, device)
-        return cls(bundle, tokenizer, LoadedInfo(Path(model_dir), precision, device))
+        packed = f", {len(bundle.quantized)} quantized modules" if bundle.quantized else ""
+        logger.info(
+            "model loaded from %s (%s layout, %s on %s%s)",
+            model_dir,
+            bundle.layout,
+            bundle.precision,
+            device,
+            packed,
+        )
+        return cls(bundle, tokenizer, LoadedInfo(Path(model_dir), bundle.precision, device))
 
     # -- EngineModel ---------------------------------------------------------------------------
 
@@ -169,22 +214,31 @@ class AsrModel:
         from asr_core.chunker import MelChunker
         from asr_core.features import StreamingLogMel
 
-        return _FrontEnd(
-            StreamingLogMel(self.bundle.mel_filters, self.bundle.config.features), MelChunker(lookahead)
+        cfg = self.bundle.config
+        return FeaturesAndChunker(
+            StreamingLogMel(self.bundle.mel_filters, cfg.features),
+            MelChunker(lookahead, cfg.encoder.subsampling_factor),
+            flush_extra_chunks(lookahead, self._lookaheads),
+        )
+
+    def frontend_spec(self, vad: Any = None) -> FrontEndSpec:
+        """How other processes build this model's front ends; `vad` (a VadConfig) makes them flush at
+        speech ends."""
+        import dataclasses
+
+        cfg = self.bundle.config
+        return FrontEndSpec(
+            features=dataclasses.asdict(cfg.features),
+            mel_filters=self.bundle.mel_filters,
+            subsampling_factor=cfg.encoder.subsampling_factor,
+            lookaheads=self._lookaheads,
+            default_lookahead=self._default_lookahead,
+            prompts=dict(cfg.prompt_dictionary),
+            vad=dataclasses.asdict(vad) if vad is not None else {},
         )
 
     def _graphs(self) -> Any:
-        from asr_core.decoder import RnntGraphs
-
-        cfg = self.bundle.config
-        return RnntGraphs(
-            self.bundle.decoder_path,
-            self.bundle.joiner_path,
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.decoder_hidden_size,
-            num_layers=cfg.num_decoder_layers,
-            threads=1,
-        )
+        return self.bundle.rnnt_graphs(threads=1)
 
     def new_decoder(self) -> StreamDecoder:
         from asr_core.decoder import GreedyDecoder
@@ -202,26 +256,16 @@ class AsrModel:
             BatchedGreedyDecoder(self._graphs(), cfg.blank_token_id, cfg.max_symbols_per_step)
         )
 
+    def new_device_decoder(self) -> DeviceDecoderBackend:
+        from asr_core.decoder.device import DeviceDecoder
+
+        cfg = self.bundle.config
+        return _DeviceDecoderAdapter(
+            DeviceDecoder(self._graphs().weights(), cfg.blank_token_id, cfg.max_symbols_per_step)
+        )
+
 
 # -- adapters from the parts' own APIs to the engine's protocols ------------------------------------
-
-
-class _FrontEnd:
-    def __init__(self, features: Any, chunker: Any) -> None:
-        self._features = features
-        self._chunker = chunker
-
-    def push(self, pcm: np.ndarray) -> list[np.ndarray]:
-        mel = self._features.push(pcm)
-        return list(self._chunker.push(mel)) if len(mel) else []
-
-    def finish(self) -> tuple[list[np.ndarray], bool]:
-        mel = self._features.finish()
-        chunks = list(self._chunker.push(mel)) if len(mel) else []
-        last = self._chunker.finish()
-        if last is not None:
-            return [*chunks, last], True
-        return chunks, False
 
 
 class _EncoderAdapter:
@@ -237,12 +281,20 @@ class _EncoderAdapter:
     def release(self, slot: int) -> None:
         self._encoder.release(slot)
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
-        return list(self._encoder.step([self._row(slot, mel, is_last) for slot, mel, is_last in rows]))
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
+        return list(
+            self._encoder.step([self._row(slot, mel, last, flush) for slot, mel, last, flush in rows])
+        )
 
     def warmup(self, lookahead: int, max_batch: int) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (GPU; else a no-op)."""
         return int(self._encoder.warmup(lookahead, max_batch))
+
+    def close(self) -> None:
+        """On the thread that built it, after its last step: drop the pools and end the thread's MLX
+        streams (see `release_mlx_thread`)."""
+        self._encoder = None
+        release_mlx_thread()
 
 
 class _TextAdapter:
@@ -270,7 +322,8 @@ class _StreamDecoderAdapter:
     def decode(self, state: Any, frames: np.ndarray, first_frame: int) -> list[Token]:
         base = state.frames
         return [
-            Token(int(e.token), first_frame + int(e.frame) - base) for e in self._dec.decode(state, frames)
+            Token(int(e.token), first_frame + int(e.frame) - base, float(e.prob))
+            for e in self._dec.decode(state, frames)
         ]
 
 
@@ -287,6 +340,28 @@ class _BatchDecoderAdapter:
         bases = [s.frames for s in states]
         out = self._dec.decode(list(states), list(frames))
         return [
-            [Token(int(e.token), f0 + int(e.frame) - b) for e in ems]
+            [Token(int(e.token), f0 + int(e.frame) - b, float(e.prob)) for e in ems]
             for ems, f0, b in zip(out, first_frames, bases, strict=True)
         ]
+
+
+class _DeviceDecoderAdapter:
+    def __init__(self, decoder: Any) -> None:
+        self._dec = decoder
+
+    def alloc(self) -> int:
+        return int(self._dec.alloc())
+
+    def release(self, slot: int) -> None:
+        self._dec.release(slot)
+
+    def decode(
+        self,
+        slots: Sequence[int],
+        frames: Sequence[np.ndarray],
+        first_frames: Sequence[int],
+        *,
+        commit: bool = True,
+    ) -> list[list[Token]]:
+        out = self._dec.decode(slots, frames, first_frames, commit=commit)
+        return [[Token(int(e.token), int(e.frame), float(e.prob)) for e in ems] for ems in out]

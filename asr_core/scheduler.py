@@ -29,9 +29,22 @@ Invariants
    (1 + 8r mel frames) and the encoder's first-chunk padding; the last one because it carries the
    end-of-stream padding. Media time is kept: chunk `seq` covers encoder frames
    [seq*(r+1), (seq+1)*(r+1)) whatever was dropped before it.
+6. A flush (`push_chunk(..., flush=True)`: the stream's pending partial chunk, encoded without
+   touching its caches when the caller stopped speaking) takes the seq of the chunk that will later
+   cover the same audio and does not advance the count: it is ordered like any chunk (after the
+   chunks pushed before it) and its frames start at that chunk's first frame.
 5. A stream holds an encoder slot from the plan that carries its first chunk (`joined`) until the
    plan after its last chunk was reported, or after it was closed (`left`); a stream closed before
    its first chunk was planned leaves with `had_slot=False`. Every stream leaves exactly once.
+
+How long to wait (rule 2's `max_wait_ms`) depends on what a step costs. With `wait_policy="adaptive"`
+the runner reports every step (`observe_step(rows, seconds)`); `StepCost` fits seconds = a + b*rows
+to them, and the wait is `WAIT_PER_FIXED_COST * a`, capped by `max_wait_ms`. On an accelerator a step
+of 1 row costs about what a step of 128 costs (a >> b), so it pays to gather rows: with the wait at 3a,
+at most a quarter of the time goes to the fixed cost, and a chunk waits at most 3a (+ one step) longer
+than it must. On a CPU the step cost grows with every row (a small), so the wait stays small and the
+policy is the plain one. Under load the wait does not matter: rows pile up while a step runs and the
+next step takes `max_batch` of them.
 """
 
 from __future__ import annotations
@@ -67,6 +80,7 @@ class StepRow(Generic[P]):
     is_last: bool
     first_frame: int  # encoder frame index of the chunk's first frame on the stream's media timeline
     queue_wait_s: float  # from push to this plan
+    flush: bool = False  # a non-committing step of the partial chunk `seq` (invariant 6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +118,7 @@ class EncodedChunk(Generic[P]):
     is_last: bool
     payload: P
     queue_wait_s: float
+    flush: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +128,60 @@ class ChunkDropped:
     dropped_total: int  # this stream's drops so far, this one included
 
 
+# The adaptive wait, in multiples of the fitted fixed cost of a step (see the module docstring).
+WAIT_PER_FIXED_COST = 3.0
+
+
+class StepCost:
+    """Online fit of a step's wall time as a + b * rows, forgetting old steps (half-life in steps).
+
+    Weighted least squares over exponentially decayed sums. When the recent steps all had about the
+    same number of rows the slope cannot be told from the intercept: then the whole step counts as
+    fixed cost (`fixed_s` = the mean step time), which errs toward a longer wait.
+    """
+
+    def __init__(self, half_life_steps: float = 64.0) -> None:
+        self._decay = 0.5 ** (1.0 / half_life_steps)
+        self._s0 = self._s1 = self._s2 = self._t0 = self._t1 = 0.0
+        self.steps = 0
+
+    def add(self, rows: int, seconds: float) -> None:
+        d = self._decay
+        self._s0 = d * self._s0 + 1.0
+        self._s1 = d * self._s1 + rows
+        self._s2 = d * self._s2 + rows * rows
+        self._t0 = d * self._t0 + seconds
+        self._t1 = d * self._t1 + rows * seconds
+        self.steps += 1
+
+    def fit(self) -> tuple[float, float]:
+        """(a, b): seconds per step and per row; (0, 0) before the first step."""
+        if self._s0 == 0.0:
+            return 0.0, 0.0
+        mean_rows = self._s1 / self._s0
+        mean_t = self._t0 / self._s0
+        var = self._s2 / self._s0 - mean_rows * mean_rows
+        if var < 1.0:  # rows hardly varied: no slope to be seen
+            return mean_t, 0.0
+        b = (self._t1 / self._s0 - mean_rows * mean_t) / var
+        a = mean_t - b * mean_rows
+        if b < 0.0:
+            return mean_t, 0.0
+        if a < 0.0:
+            return 0.0, self._t1 / self._s2
+        return a, b
+
+    def fixed_s(self) -> float:
+        return self.fit()[0]
+
+
 @dataclass(slots=True)
 class _Queued(Generic[P]):
     seq: int
     payload: P
     is_last: bool
     arrived_at: float
+    flush: bool = False
 
 
 @dataclass(slots=True)
@@ -152,7 +215,10 @@ class EncoderScheduler(Generic[P]):
         self._streams: dict[int, _Stream[P]] = {}
         self._joins = 0
         self._step_id = 0
-        self._max_wait_s = config.max_wait_ms / 1000.0
+        self._wait_cap_s = config.max_wait_ms / 1000.0
+        # Until the first step is measured, the adaptive policy waits nothing (it cannot know better).
+        self._max_wait_s = self._wait_cap_s if config.wait_policy == "fixed" else 0.0
+        self.cost = StepCost()
         # Kept up to date by _refresh(), so that a push costs O(1) whatever the number of streams.
         self._ready: dict[int, _Stream[P]] = {}  # could go into the next step now
         self._could: set[int] = set()  # could add a chunk to the next step (open, or ending with work)
@@ -174,13 +240,19 @@ class EncoderScheduler(Generic[P]):
         self._joins += 1
         self._refresh(s)
 
-    def push_chunk(self, key: int, payload: P, now: float, *, is_last: bool = False) -> list[ChunkDropped]:
-        """Queue the stream's next chunk; returns the chunk dropped to make room, if any."""
+    def push_chunk(
+        self, key: int, payload: P, now: float, *, is_last: bool = False, flush: bool = False
+    ) -> list[ChunkDropped]:
+        """Queue the stream's next chunk (or a flush of its partial next chunk, invariant 6); returns
+        the chunk dropped to make room, if any."""
         s = self._get(key)
         if s.phase is not StreamPhase.OPEN:
             raise ValueError(f"stream {key} takes no more chunks ({s.phase.name})")
-        s.queue.append(_Queued(seq=s.next_seq, payload=payload, is_last=is_last, arrived_at=now))
-        s.next_seq += 1
+        if flush and is_last:
+            raise ValueError("a flush is never the last chunk")
+        s.queue.append(_Queued(seq=s.next_seq, payload=payload, is_last=is_last, arrived_at=now, flush=flush))
+        if not flush:
+            s.next_seq += 1
         if is_last:
             s.got_last = True
             s.phase = StreamPhase.ENDING
@@ -244,6 +316,7 @@ class EncoderScheduler(Generic[P]):
                         is_last=q.is_last,
                         first_frame=q.seq * (s.lookahead + 1),
                         queue_wait_s=max(0.0, now - q.arrived_at),
+                        flush=q.flush,
                     )
                 )
         self.needs_wake = False
@@ -266,7 +339,8 @@ class EncoderScheduler(Generic[P]):
         out: list[EncodedChunk[P]] = []
         for row, f in zip(plan.rows, frames, strict=True):
             s = self._streams.get(row.key)
-            if s is None or s.in_flight is None or s.in_flight.seq != row.seq:
+            q = None if s is None else s.in_flight
+            if s is None or q is None or (q.seq, q.flush) != (row.seq, row.flush):
                 raise ValueError(f"step {plan.step_id}: stream {row.key} chunk {row.seq} was not in flight")
             s.in_flight = None
             s.encoded += 1
@@ -282,11 +356,23 @@ class EncoderScheduler(Generic[P]):
                         is_last=row.is_last,
                         payload=row.payload,
                         queue_wait_s=row.queue_wait_s,
+                        flush=row.flush,
                     )
                 )
             self._maybe_leave(s, now)
             self._refresh(s)
         return out
+
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """The runner's measurement of the step it just ran (adaptive wait policy)."""
+        self.cost.add(rows, seconds)
+        if self.config.wait_policy == "adaptive":
+            self._max_wait_s = min(self._wait_cap_s, WAIT_PER_FIXED_COST * self.cost.fixed_s())
+
+    @property
+    def max_wait_s(self) -> float:
+        """How long the oldest ready chunk may wait for a fuller batch now."""
+        return self._max_wait_s
 
     def next_deadline(self) -> float | None:
         """When `schedule` will next return a plan (a time in the past: now); None: only a push,
@@ -305,6 +391,10 @@ class EncoderScheduler(Generic[P]):
 
     def __len__(self) -> int:
         return len(self._streams)
+
+    def total_queued(self) -> int:
+        """Chunks of all streams waiting for the encoder."""
+        return sum(len(s.queue) for s in self._streams.values())
 
     def queued(self, key: int) -> int:
         return len(self._get(key).queue)

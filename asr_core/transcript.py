@@ -16,10 +16,22 @@ assembler hold the partial back, never emit a non-prefix). A segment whose text 
 language tag, say) gives no final: its tokens are carried into the next segment, so finals hold every
 token the decoder emitted except a text-less tail at the end of the stream.
 
+- closes it at once when the caller stopped speaking (`speech_ended()`, driven by the stream's VAD
+  through a flush of its pending audio; the token-silence rules above stay as the fallback for lines
+  where the VAD never closes).
+
+A word never spans two finals: a segment ends only after a token or before a word-initial one, and
+pieces that would continue the last word of a closed segment (a word-final piece the model emits
+after the final went out) are dropped and counted in `orphan_pieces` rather than opening the next
+segment mid-word.
+
 Times: a token emitted at frame t is at 80*t ms. A segment starts at its first token's frame, moved
 back over the loud frames just before it (speech onset; tokens lag the audio they transcribe), at most
 `_ONSET_LOOKBACK_FRAMES` and never into the previous segment; it ends after its last token's frame,
-clipped to the stream's audio at the end.
+clipped to the stream's audio at the end. Words (`TranscriptEvent.words`) are the segment's tokens
+grouped at word-initial pieces: a word starts at its first token's frame and ends after its last
+token's frame or at the next word's start, whichever is earlier, inside the segment's span; its
+confidence is the lowest probability the joint gave one of its tokens.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ from typing import Protocol
 
 import numpy as np
 
-from asr_core.api import TranscriptEvent
+from asr_core.api import TranscriptEvent, Word
 from asr_core.config import EndpointConfig
 
 FRAME_MS = 80
@@ -52,6 +64,7 @@ class TextDecoder(Protocol):
 class Token:
     id: int
     frame: int  # encoder frame index on the stream's media timeline
+    prob: float = 1.0  # the joint's softmax probability of this token when it was emitted
 
 
 class TranscriptAssembler:
@@ -79,6 +92,7 @@ class TranscriptAssembler:
         self._partial_frames = config.partial_interval_ms / frame_ms
         self._segment_id = 0
         self._ids: list[int] = []
+        self._toks: list[Token] = []  # the open segment's tokens (frames and probabilities)
         self._first_frame = 0  # of the open segment's first token
         self._last_token_frame = -1
         self._start_frame = 0
@@ -94,6 +108,7 @@ class TranscriptAssembler:
         # segment, so no token is ever lost, but that segment's times start at its own first token.
         self._held = False
         self.prefix_violations = 0  # partials held back because the text did not extend the last one
+        self.orphan_pieces = 0  # word-final pieces dropped after their word's segment was final
 
     @property
     def segment_id(self) -> int:
@@ -117,29 +132,29 @@ class TranscriptAssembler:
             raise ValueError(f"stream {self.stream_id}: {len(energies_db)} energies for {n_frames} frames")
         if first_frame > self._next_frame:
             self._quiet_run = 0  # a gap (dropped chunks): its energy is unknown, so it is not quiet
-        by_frame: dict[int, list[int]] = {}
+        by_frame: dict[int, list[Token]] = {}
         for tok in tokens:
             if not first_frame <= tok.frame < first_frame + n_frames:
                 raise ValueError(
                     f"stream {self.stream_id}: token at frame {tok.frame} outside the chunk "
                     f"[{first_frame}, {first_frame + n_frames})"
                 )
-            by_frame.setdefault(tok.frame, []).append(tok.id)
+            by_frame.setdefault(tok.frame, []).append(tok)
 
         events: list[TranscriptEvent] = []
         for i in range(n_frames):
             frame = first_frame + i
             energy = None if energies_db is None else float(energies_db[i])
             self._see_energy(frame, energy)
-            ids = by_frame.get(frame)
-            if ids:
+            toks = self._without_orphans(by_frame.get(frame, []))
+            if toks:
                 if (
                     self._ids
                     and frame - self._first_frame >= self._max_segment_frames
-                    and self._text.starts_word(ids[0])
+                    and self._text.starts_word(toks[0].id)
                 ):
                     events.extend(self._close(at_end=False))
-                self._add(frame, ids)
+                self._add(frame, toks)
             elif self._ids and not self._held and self._is_pause(frame):
                 events.extend(self._close(at_end=False))
         self._next_frame = first_frame + n_frames
@@ -147,6 +162,23 @@ class TranscriptAssembler:
         if partial is not None:
             events.append(partial)
         return events
+
+    def speech_ended(self, late: Sequence[Token] = ()) -> list[TranscriptEvent]:
+        """The caller stopped speaking (the VAD's decision, after the frames it covers were fed):
+        close the open segment now, with a final if it has text. `late`: tokens decoded from the
+        flush's padding after those frames (the last word's late pieces), added to the segment."""
+        if self._closed:
+            return []
+        by_frame: dict[int, list[Token]] = {}
+        for tok in late:
+            by_frame.setdefault(tok.frame, []).append(tok)
+        for frame, toks in sorted(by_frame.items()):
+            kept = self._without_orphans(toks)
+            if kept:
+                self._add(frame, kept)
+        if self._held or not self._ids:
+            return []
+        return self._close(at_end=False)
 
     def finish(self, audio_ms: int | None = None) -> list[TranscriptEvent]:
         """End of stream: the open segment's final (if it has text)."""
@@ -173,12 +205,26 @@ class TranscriptAssembler:
             return False
         return self.config.energy_db is None or self._quiet_run >= self._blank_frames
 
-    def _add(self, frame: int, ids: list[int]) -> None:
+    def _continues_word(self, token_id: int) -> bool:
+        return not self._text.starts_word(token_id) and bool(self._text.decode([token_id])[0])
+
+    def _without_orphans(self, toks: list[Token]) -> list[Token]:
+        """Drop pieces that would continue the last word of an already final segment."""
+        if self._segment_id == 0 or (self._ids and not self._held):
+            return toks
+        i = 0
+        while i < len(toks) and self._continues_word(toks[i].id):
+            i += 1
+        self.orphan_pieces += i
+        return toks[i:] if i else toks
+
+    def _add(self, frame: int, toks: list[Token]) -> None:
         if not self._ids or self._held:
             self._first_frame = frame
             self._start_frame = self._onset(frame)
             self._held = False
-        self._ids.extend(ids)
+        self._ids.extend(t.id for t in toks)
+        self._toks.extend(toks)
         self._last_token_frame = frame
 
     def _onset(self, frame: int) -> int:
@@ -226,6 +272,7 @@ class TranscriptAssembler:
         self._segment_id += 1
         self._floor_frame = self._last_token_frame + 1
         self._ids = []
+        self._toks = []
         self._held = False
         self._partial_text = ""
         self._partial_frame = None
@@ -247,6 +294,7 @@ class TranscriptAssembler:
         if audio_ms is not None:
             end_ms = min(end_ms, audio_ms)
             start_ms = min(start_ms, end_ms)
+        words = self._words(start_ms, end_ms) if self.config.words in (kind, "all") else ()
         return TranscriptEvent(
             stream_id=self.stream_id,
             kind="final" if kind == "final" else "partial",
@@ -257,4 +305,28 @@ class TranscriptAssembler:
             token_ids=tuple(self._ids),
             detected_language=lang,
             at_end_of_stream=at_end,
+            words=words,
         )
+
+    def _words(self, start_ms: int, end_ms: int) -> tuple[Word, ...]:
+        """The segment's tokens grouped into words (see the module docstring for the times)."""
+        groups: list[list[Token]] = []
+        for tok in self._toks:
+            if self._text.starts_word(tok.id) or (not groups and self._continues_word(tok.id)):
+                groups.append([tok])
+            elif groups and self._continues_word(tok.id):
+                groups[-1].append(tok)
+        fm = self._frame_ms
+        out: list[Word] = []
+        for k, g in enumerate(groups):
+            text = self._text.decode([t.id for t in g])[0].strip()
+            if not text:
+                continue
+            w_start = min(max(g[0].frame * fm, start_ms), end_ms)
+            w_end = (g[-1].frame + 1) * fm
+            if k + 1 < len(groups):
+                w_end = min(w_end, groups[k + 1][0].frame * fm)
+            w_end = min(max(w_end, w_start), end_ms)
+            conf = min(t.prob for t in g)
+            out.append(Word(text, w_start, w_end, round(min(1.0, max(0.0, conf)), 4)))
+        return tuple(out)

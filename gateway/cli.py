@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "transcribe": ("tools.transcribe", "stream audio files through the engine and print the transcript"),
     "tail": ("gateway.tail", "print transcripts from Redis as they arrive"),
     "replay": ("tools.replay.cli", "synthetic call-load replay against a running gateway"),
-    "bench": ("tools.bench.cli", "benchmarks (encoder, engine, decoder, media, sip, sink)"),
+    "bench": ("tools.bench.cli", "benchmarks (encoder, engine, decoder, media, sip, sink, speechlike)"),
     "make-bundle": ("tools.make_bundle", "write a complete model bundle with deterministic random weights"),
     "export": ("tools.export", "convert an upstream checkpoint into the bundle format"),
     "eval": ("tools.eval", "word/character error rate of a model on a labelled set"),

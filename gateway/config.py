@@ -34,7 +34,9 @@ class AsrSettings(BaseModel):
         None, description="Encoder lookahead in 80 ms frames; empty = bundle default"
     )
     endpoint_blank_ms: int = Field(
-        800, gt=0, description="An utterance ends after no new token for this long (in quiet audio)"
+        800,
+        gt=0,
+        description="Fallback to the VAD: no new token for this long (in quiet audio) ends an utterance",
     )
     endpoint_energy_db: float = Field(
         -45.0, le=0, description="Audio below this (dBFS) is quiet for endpointing; 0 = judge by tokens only"
@@ -45,6 +47,22 @@ class AsrSettings(BaseModel):
     max_segment_ms: int = Field(
         30000, gt=0, description="Longest utterance; cut before the next word past it"
     )
+    vad: Literal["webrtc", "energy", "off"] = Field(
+        "webrtc",
+        description="Voice activity per call: a pause ends the utterance at once (webrtc: WebRTC VAD "
+        "gated by ENDPOINT_ENERGY_DB; energy: that threshold alone; off: token silence only)",
+    )
+    vad_hangover_ms: int = Field(
+        150, ge=10, description="Non-speech after speech that ends an utterance (VAD); adds to time to final"
+    )
+    vad_min_speech_ms: int = Field(
+        60, ge=10, description="Shortest run of speech frames that counts as speech (clicks do not)"
+    )
+    vad_webrtc_mode: int = Field(3, ge=0, le=3, description="WebRTC VAD aggressiveness 0-3")
+    words: Literal["off", "final", "all"] = Field(
+        "final",
+        description="Which transcripts carry `words` (times, confidence): final, all (partials too), off",
+    )
     partials: bool = Field(True, description="Publish partial transcripts (the open utterance's text so far)")
     partial_interval_ms: int = Field(
         300, ge=0, description="At most one partial per this much audio of a call"
@@ -53,7 +71,11 @@ class AsrSettings(BaseModel):
 
 class EncoderSettings(BaseModel):
     max_batch: int = Field(64, ge=1, description="Most chunks (calls) in one encoder step")
-    max_wait_ms: float = Field(10.0, ge=0, description="Longest a ready chunk waits for a fuller batch")
+    max_wait_ms: float = Field(100.0, ge=0, description="Longest a ready chunk waits for a fuller batch")
+    wait_policy: Literal["adaptive", "fixed"] = Field(
+        "adaptive",
+        description="adaptive: 3x the measured fixed cost of a step, at most max_wait_ms; fixed: max_wait_ms",
+    )
     max_queued_chunks: int = Field(
         16, ge=2, description="Chunks a call may queue for the encoder; beyond it the oldest is dropped"
     )
@@ -61,8 +83,10 @@ class EncoderSettings(BaseModel):
 
 class DecoderSettings(BaseModel):
     workers: int = Field(2, ge=1, description="RNN-T decoder worker threads (one ORT session each)")
-    mode: Literal["workers", "batched"] = Field(
-        "batched", description="batched: a worker decodes all its due calls in one pass; workers: one by one"
+    mode: Literal["workers", "batched", "device"] = Field(
+        "batched",
+        description="batched: a worker decodes its due calls in one pass; workers: one by one; "
+        "device: on the accelerator, after each encoder step",
     )
     max_undecoded_chunks: int = Field(
         2, ge=1, description="Chunks of a call encoded but not yet decoded before its encoding waits"
@@ -78,7 +102,12 @@ class SipSettings(BaseModel):
     host: str = Field("0.0.0.0", description="SIP bind address (UDP and TCP)")
     port: int = Field(5060, ge=1, le=65535, description="SIP port")
     advertised_host: str = Field("", description="Address put in Contact/SDP; empty = the bind address")
-    max_calls: int = Field(200, ge=0, description="Concurrent calls admitted; more get 503 + Retry-After")
+    max_calls: int = Field(
+        200,
+        ge=0,
+        description="Concurrent audio streams admitted (a call counts one per leg: a two-party SIPREC "
+        "session two); beyond it INVITEs get 503 + Retry-After",
+    )
     allow_cidrs: list[str] = Field(
         default_factory=lambda: ["0.0.0.0/0", "::/0"],
         description="Source networks allowed to call (else 403)",
@@ -87,6 +116,11 @@ class SipSettings(BaseModel):
         default_factory=lambda: _sip_list("udp", "tcp"), description="SIP transports to listen on (same port)"
     )
     user_agent: str = Field("ttg", description="Server/User-Agent header value")
+    siprec: bool = Field(
+        True,
+        description="Take SIPREC recording sessions (RFC 7866): one leg per recorded stream; "
+        "off: Require: siprec gets 420",
+    )
     digest_user: str = Field("", description="Digest auth user for INVITEs (RFC 7616); empty = no auth")
     digest_password: str = Field("", description="Digest auth password")
     digest_realm: str = Field("ttg", description="Digest auth realm")
@@ -100,6 +134,9 @@ class SipSettings(BaseModel):
         20, ge=1, description="INVITEs a source may send at once before the rate applies"
     )
     retry_after_s: int = Field(5, ge=0, description="Retry-After of 503 answers (capacity, rate, draining)")
+    max_engine_lag_ms: int = Field(
+        3000, ge=0, description="ASR engine lag (for 2 s) past which new calls get 503 + Retry-After; 0 = off"
+    )
     language_header: str = Field("X-Language", description="INVITE header naming the call's language")
     dnis_languages: dict[str, str] = Field(
         default_factory=dict,
@@ -130,7 +167,16 @@ class RtpSettings(BaseModel):
         description="Accepted audio codecs (the offer's order wins)",
     )
     max_streams: int = Field(
-        1, ge=1, le=32, description="Audio m= lines accepted per call (SIPREC: one per leg)"
+        2,
+        ge=1,
+        le=32,
+        description="Most audio m= lines of one offer taken as legs: SIPREC (one per recorded stream), "
+        "or a plain call with MULTI_LEG_CALLS; the rest are answered with port 0",
+    )
+    multi_leg_calls: bool = Field(
+        False,
+        description="A plain INVITE with several m=audio becomes one leg per stream (up to MAX_STREAMS); "
+        "off: only the first is taken",
     )
     ptime_ms: int = Field(
         20, ge=10, le=60, description="a=ptime of answers when the offer has none in 10-60 ms"
@@ -230,6 +276,12 @@ class DaemonSettings(BaseModel):
         description="After hanging up at shutdown, longest wait for the calls' finals and call_end events",
     )
     uvloop: bool = Field(True, description="Run the event loop on uvloop when it is installed")
+    media_workers: int = Field(
+        -1,
+        ge=-1,
+        description="Media worker processes (RTP + ASR front end; the engine then runs in a process of its "
+        "own); 0 = all in one process; -1 = auto",
+    )
 
 
 class LogSettings(BaseModel):

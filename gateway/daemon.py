@@ -6,8 +6,7 @@ Startup, in this order (what an operator sees):
 1. Settings from `TTG_*` (NEMO_* aliases), then the command-line flags on top. A bad value, an RTP
    port range too small for `TTG_SIP__MAX_CALLS`, or a bundle that does not load ends the process
    with one line on stderr and exit status 2, before any port is bound.
-2. The model bundle is loaded once (no bundle given: the embedded demo model; without one, a
-   generated tiny random bundle with a loud warning that its transcripts are meaningless).
+2. The model bundle is loaded once (no bundle given: the embedded demo model).
 3. The sink opens its spool (events a previous run could not deliver are sent first) and starts;
    Redis being unreachable is not fatal: events wait in memory, then in the spool.
 4. HTTP (/metrics, /healthz, /readyz) comes up: /readyz says "model not loaded" until step 6.
@@ -32,7 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import io
 import ipaddress
 import logging
 import os
@@ -42,12 +40,17 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from gateway.addresses import is_unspecified
 from gateway.config import Settings
 from gateway.events import CallEvent, EventPublisher
 from gateway.http import HttpServer, Readiness
+from gateway.logs import configure_logging
+
+if TYPE_CHECKING:
+    from asr_core.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +65,8 @@ FORCED_FLUSH_S = 1.0
 # at once, so each call ends with reason "error") before the rest are hung up as a shutdown.
 ENGINE_FAILURE_GRACE_S = 5.0
 ENGINE_SHUTDOWN_S = 10.0
-
-_WILDCARDS = frozenset({"", "0.0.0.0", "::", "0:0:0:0:0:0:0:0"})
-LOG_FORMAT = "%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s"
-LOG_DATEFMT = "%Y-%m-%dT%H:%M:%S"
+ENGINE_START_TIMEOUT_S = 900.0  # a GPU's first start compiles its kernels (minutes on a fresh machine)
+STATUS_PERIOD_S = 0.25  # how often the engine's lag is looked at (admission, /readyz, metrics)
 
 
 class StartupError(Exception):
@@ -171,7 +172,7 @@ def check_settings(s: Settings) -> list[Finding]:
     """What an operator would want to hear about before the gateway takes calls."""
     out: list[Finding] = []
     pairs = rtp_port_pairs(s.rtp.port_min, s.rtp.port_max)
-    needed = s.sip.max_calls * s.rtp.max_streams
+    needed = s.sip.max_calls  # it counts streams (legs), one RTP/RTCP pair each
     if s.rtp.port_min >= s.rtp.port_max or pairs == 0:
         rng = f"TTG_RTP__PORT_MIN ({s.rtp.port_min}) .. TTG_RTP__PORT_MAX ({s.rtp.port_max})"
         out.append(Finding(logging.ERROR, f"{rng} holds no RTP/RTCP port pair"))
@@ -180,8 +181,8 @@ def check_settings(s: Settings) -> list[Finding]:
             Finding(
                 logging.ERROR,
                 f"RTP ports {s.rtp.port_min}-{s.rtp.port_max} hold {pairs} RTP/RTCP pairs but "
-                f"TTG_SIP__MAX_CALLS={s.sip.max_calls} x TTG_RTP__MAX_STREAMS={s.rtp.max_streams} needs "
-                f"{needed}: widen the range or lower max_calls",
+                f"TTG_SIP__MAX_CALLS={s.sip.max_calls} streams need as many: widen the range or lower "
+                "max_calls",
             )
         )
     elif s.rtp.port_quarantine_s > 0 and pairs < needed + needed // 10:
@@ -194,7 +195,7 @@ def check_settings(s: Settings) -> list[Finding]:
             )
         )
     advertised = s.rtp.advertised_host or s.sip.advertised_host
-    if (s.sip.host in _WILDCARDS or s.rtp.host in _WILDCARDS) and not advertised:
+    if (is_unspecified(s.sip.host) or is_unspecified(s.rtp.host)) and not advertised:
         out.append(
             Finding(
                 logging.WARNING,
@@ -206,7 +207,7 @@ def check_settings(s: Settings) -> list[Finding]:
         )
     for name, host in (("TTG_SIP__ADVERTISED_HOST", s.sip.advertised_host),
                        ("TTG_RTP__ADVERTISED_HOST", s.rtp.advertised_host)):  # fmt: skip
-        if host in _WILDCARDS - {""}:
+        if host and is_unspecified(host):
             out.append(Finding(logging.ERROR, f"{name}={host} is a wildcard: advertise a reachable address"))
     if not _is_loopback(s.http.host):
         out.append(
@@ -253,29 +254,6 @@ def redact_url(url: str) -> str:
 # --- logging -----------------------------------------------------------------------------------------
 
 
-class OneLineFormatter(logging.Formatter):
-    """`time level logger: message`, one line per record (a traceback is folded onto it with ' | ');
-    times in UTC (the trailing Z), so logs of hosts in different zones line up."""
-
-    def converter(self, secs: float | None) -> time.struct_time:
-        return time.gmtime(secs)
-
-    def format(self, record: logging.LogRecord) -> str:
-        return super().format(record).replace("\r", "").replace("\n", " | ")
-
-
-def configure_logging(level: int) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(OneLineFormatter(LOG_FORMAT, LOG_DATEFMT))
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    root.addHandler(handler)
-    root.setLevel(level)
-    for noisy in ("aiohttp.access", "asyncio"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
-
-
 # --- the model ---------------------------------------------------------------------------------------
 
 
@@ -283,30 +261,22 @@ def configure_logging(level: int) -> None:
 class ModelChoice:
     dir: Path
     name: str  # call_start `model`, ttg_build_info{model}
-    meaningless: bool = False  # a random bundle: transcripts are noise
 
 
 def choose_model(s: Settings) -> ModelChoice:
-    """The configured bundle, else the embedded demo model, else a generated tiny random bundle."""
+    """The configured bundle, else the embedded demo model (asr_core/demo_model, shipped with the package)."""
     from asr_core.model import embedded_model_dir
 
     if s.model.dir:
         d = Path(s.model.dir).expanduser()
         return ModelChoice(d, d.resolve().name or str(d))
     embedded = embedded_model_dir()
-    if embedded is not None:
-        return ModelChoice(embedded, "demo")
-    # Until the demo model ships: the bundle generator lives in tools/ (installed with the package);
-    # this fallback, and with it this one import against the gateway → asr_core direction, goes then.
-    from tools.transcribe import default_model_dir
-
-    try:
-        return ModelChoice(default_model_dir(err=io.StringIO()), "tiny-random", meaningless=True)
-    except Exception as e:
+    if embedded is None:
         raise StartupError(
-            f"no model given (TTG_MODEL__DIR / --model), no embedded demo model, and generating a tiny "
-            f"random one failed: {type(e).__name__}: {e}"
-        ) from None
+            "no model given (TTG_MODEL__DIR / --model) and this install has no embedded demo model "
+            "(asr_core/demo_model): point TTG_MODEL__DIR at a bundle"
+        )
+    return ModelChoice(embedded, "demo")
 
 
 @contextlib.contextmanager
@@ -368,11 +338,14 @@ class DaemonReadiness(Readiness):
     """Readiness plus the daemon's own reason: the ASR engine failed (the process is about to exit)."""
 
     engine_failed: bool = False
+    engine_behind: str = ""  # why new calls are refused (the engine's lag), "" while it keeps up
 
     def reasons(self) -> list[str]:
         out = super().reasons()
         if self.engine_failed:
             out.insert(0, "ASR engine failed")
+        if self.engine_behind:
+            out.append(self.engine_behind)
         return out
 
 
@@ -422,20 +395,72 @@ class CallLogPublisher:
 EngineFactory = Callable[[Any, Callable[[BaseException], None]], Any]
 
 
+def engine_config(s: Settings) -> EngineConfig:
+    """The engine's dataclasses from the typed settings: built field by field, so a renamed setting
+    is a type error here instead of a silent fall-back to a default."""
+    from asr_core.config import DecoderConfig, EndpointConfig, EngineConfig, SchedulerConfig
+    from asr_core.vad import VadConfig
+
+    # The VAD's energy gate is the assembler's quiet-audio threshold; 0 dBFS there (judge by tokens
+    # only) says nothing about the line's floor, so the gate keeps the VAD's own default.
+    vad_energy_db = s.asr.endpoint_energy_db if s.asr.endpoint_energy_db < 0.0 else VadConfig().energy_db
+    return EngineConfig(
+        scheduler=SchedulerConfig(
+            max_batch=s.encoder.max_batch,
+            max_wait_ms=s.encoder.max_wait_ms,
+            wait_policy=s.encoder.wait_policy,
+            max_queued_chunks=s.encoder.max_queued_chunks,
+            max_undecoded_chunks=s.decoder.max_undecoded_chunks,
+        ),
+        decoder=DecoderConfig(mode=s.decoder.mode, workers=s.decoder.workers),
+        endpoint=EndpointConfig(
+            blank_ms=s.asr.endpoint_blank_ms,
+            energy_db=s.asr.endpoint_energy_db,
+            max_blank_ms=s.asr.endpoint_max_blank_ms,
+            max_segment_ms=s.asr.max_segment_ms,
+            partial_interval_ms=s.asr.partial_interval_ms,
+            partials=s.asr.partials,
+            words=s.asr.words,
+        ),
+        vad=VadConfig(
+            kind=s.asr.vad,
+            hangover_ms=s.asr.vad_hangover_ms,
+            min_speech_ms=s.asr.vad_min_speech_ms,
+            webrtc_mode=s.asr.vad_webrtc_mode,
+            energy_db=vad_energy_db,
+        ),
+        default_language=s.asr.language or "auto",
+        default_lookahead=s.asr.lookahead,
+    )
+
+
 def default_engine_factory(settings: Settings) -> EngineFactory:
     def make(model: Any, on_fatal: Callable[[BaseException], None]) -> Any:
-        from asr_core.config import EngineConfig
         from asr_core.engine import AsrEngine
         from gateway.metrics import PrometheusEngineHooks
 
-        config = EngineConfig.from_settings(settings.model_dump())
-        return AsrEngine(model, config, PrometheusEngineHooks(), on_fatal=on_fatal)
+        return AsrEngine(model, engine_config(settings), PrometheusEngineHooks(), on_fatal=on_fatal)
 
     return make
 
 
+def resolve_media_workers(setting: int, cpus: int | None) -> int:
+    """TTG_DAEMON__MEDIA_WORKERS: -1 (auto) is one process per two cores (at most 16), or all in one
+    process below four cores, where the separate processes would only compete for the same cores."""
+    if setting >= 0:
+        return setting
+    cpus = cpus or 1
+    return 0 if cpus < 4 else min(16, cpus // 2)
+
+
 class Daemon:
     """Runs the gateway until a signal (or an engine failure); `run()` returns the exit status.
+
+    Two process models, one daemon. In one process (`model` given): the engine's threads run here and
+    `LocalLegs` wires each call's RTP into its ASR stream. With media workers (`engine_process` given,
+    already started): the engine runs in that process, `MediaWorkerPool` starts the workers that
+    receive RTP and run the ASR front end, `WorkerLegs` carries the call core's leg effects to them and
+    the engine's results back; this process keeps SIP, the per-call cores, Redis and HTTP.
 
     `engine_factory(model, on_fatal)` builds the (not yet started) engine; tests pass one that wraps
     the real engine's model to inject a failure. `install_signals=False` when the caller owns them.
@@ -449,9 +474,13 @@ class Daemon:
         *,
         engine_factory: EngineFactory | None = None,
         install_signals: bool = True,
+        engine_process: Any = None,
     ) -> None:
         self.settings = settings
         self.model = model
+        self.engine_process = engine_process  # asr_core.remote.EngineProcess, started
+        self.pool: Any = None
+        self.legs: Any = None
         self.choice = choice
         self.engine_factory = engine_factory or default_engine_factory(settings)
         self.install_signals = install_signals
@@ -468,6 +497,11 @@ class Daemon:
         self._tasks: set[asyncio.Task[None]] = set()
         self._signals = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._engine_stopping = False
+        self._tmp: Any = None
+        from gateway.sip.admission import OverloadGuard
+
+        self.overload = OverloadGuard(settings.sip.max_engine_lag_ms / 1000)
 
     # --- control ---
 
@@ -533,7 +567,8 @@ class Daemon:
         return self.exit_code
 
     async def _start(self) -> None:
-        from gateway.calls import FrontEndConfig, TelephonyFrontEnd
+        from gateway.call.frontend import FrontEndConfig, TelephonyFrontEnd
+        from gateway.call.legs import LocalLegs
         from gateway.metrics import init_metrics
         from gateway.rtp.receiver import MediaManager
         from gateway.sink import RedisSink
@@ -557,23 +592,27 @@ class Daemon:
             raise StartupError(
                 f"cannot serve HTTP on {s.http.host}:{s.http.port}: {e}", EXIT_FAILURE
             ) from None
-        self.engine = self.engine_factory(self.model, self._on_engine_fatal)
-        t0 = time.monotonic()
-        try:
-            await asyncio.to_thread(self.engine.start)
-        except Exception as e:
-            self.engine = None
-            raise StartupError(f"the ASR engine did not start: {e}", EXIT_FAILURE) from None
-        logger.info(
-            "ASR engine up in %.1f s: %d decoder workers (%s), max batch %d",
-            time.monotonic() - t0, s.decoder.workers, s.decoder.mode, s.encoder.max_batch,
-        )  # fmt: skip
+        if self.engine_process is not None:
+            legs = await self._start_workers()
+        else:
+            self.engine = self.engine_factory(self.model, self._on_engine_fatal)
+            t0 = time.monotonic()
+            try:
+                await asyncio.to_thread(self.engine.start)
+            except Exception as e:
+                self.engine = None
+                raise StartupError(f"the ASR engine did not start: {e}", EXIT_FAILURE) from None
+            logger.info(
+                "ASR engine up in %.1f s: %d decoder workers (%s), max batch %d",
+                time.monotonic() - t0, s.decoder.workers, s.decoder.mode, s.encoder.max_batch,
+            )  # fmt: skip
+            legs = LocalLegs(self.engine, MediaManager.from_settings(s))
         self.frontend = TelephonyFrontEnd(
             FrontEndConfig.from_settings(s, model_name=self.choice.name),
-            self.engine,
+            legs,
             CallLogPublisher(self.sink),
-            MediaManager.from_settings(s),
         )
+        self.frontend.agent.admission.overload = self.overload
         try:
             await self.frontend.start()
         except OSError as e:
@@ -581,13 +620,131 @@ class Daemon:
                 f"cannot listen for SIP on {s.sip.host}:{s.sip.port}: {e}", EXIT_FAILURE
             ) from None
         self.readiness.details["active_calls"] = lambda: self.frontend.active_calls
+        self.readiness.details["engine_lag_s"] = lambda: round(self.overload.lag_s, 3)
+        if self.pool is not None:
+            self.readiness.details["media_workers"] = lambda: self.pool.alive
         self.readiness.model_loaded = True
+        self._tasks.add(asyncio.create_task(self._watch_engine()))
         logger.info(
-            "ready: SIP %s on %s:%d, RTP %s:%d-%d, HTTP %s, Redis %s stream %s, model %s%s",
+            "ready: SIP %s on %s:%d, RTP %s:%d-%d, HTTP %s, Redis %s stream %s, model %s",
             "+".join(s.sip.transports).upper(), s.sip.host, self.frontend.sip_port, s.rtp.host,
             s.rtp.port_min, s.rtp.port_max, self.http.url, redact_url(s.redis.url), s.redis.stream,
-            self.choice.name, " (RANDOM WEIGHTS: MEANINGLESS TRANSCRIPTS)" if self.choice.meaningless else "",
+            self.choice.name,
         )  # fmt: skip
+
+    async def _start_workers(self) -> Any:
+        """The multi-process model: the media workers, fed by the engine process started in main()."""
+        import json
+        import tempfile
+        from dataclasses import asdict
+
+        from gateway import metrics
+        from gateway.metrics import PrometheusEngineHooks
+        from gateway.rtp.receiver import media_config
+        from gateway.workers.legs import WorkerLegs
+        from gateway.workers.pool import MediaWorkerPool
+
+        s, engine = self.settings, self.engine_process
+        assert engine.spec is not None and engine.results is not None
+        n = len(engine.front_end_ends())
+        self._tmp = tempfile.TemporaryDirectory(prefix="ttg-serve-")
+        spec_file = Path(self._tmp.name) / "frontend.json"
+        spec_file.write_text(json.dumps(engine.spec.to_json()))
+        self.pool = MediaWorkerPool(
+            n,
+            spec_file=spec_file,
+            chunk_ends=engine.front_end_ends(),
+            media_config=asdict(media_config(s.rtp)),
+            host=s.rtp.host,
+            port_min=s.rtp.port_min,
+            port_max=s.rtp.port_max,
+            quarantine_s=s.rtp.port_quarantine_s,
+            log_level=s.log.level,
+            uvloop=s.daemon.uvloop,
+        )
+        t0 = time.monotonic()
+        try:
+            await self.pool.start()
+        except (RuntimeError, OSError, ValueError) as e:
+            raise StartupError(f"the media workers did not start: {e}", EXIT_FAILURE) from None
+        engine.handed_over()  # a worker that dies now closes its channel: the engine sees it
+        self.legs = WorkerLegs(self.pool, engine.spec, PrometheusEngineHooks())
+        self.pool.on_worker_died = self._worker_died
+        loop = asyncio.get_running_loop()
+        loop.add_reader(engine.results.fileno(), self._engine_results)
+        loop.add_reader(engine.control_fileno, self._engine_control)
+        metrics.MEDIA_WORKERS.set(n)
+        logger.info(
+            "%d media workers up in %.1f s (RTP %s); ASR engine process %s (%s on %s): %s decoding, "
+            "max batch %d",
+            n, time.monotonic() - t0, ", ".join(f"{lo}-{hi}" for lo, hi in self.pool.slices), engine.pid,
+            engine.info.get("precision"), engine.info.get("device"), s.decoder.mode, s.encoder.max_batch,
+        )  # fmt: skip
+        return self.legs
+
+    def _engine_results(self) -> None:
+        try:
+            self.legs.on_results(self.engine_process.read_results())
+        except Exception:
+            logger.exception("reading the engine's results failed")
+
+    def _engine_control(self) -> None:
+        engine = self.engine_process
+        alive = engine.poll_control()
+        if alive and engine.failure is None:
+            return
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(engine.control_fileno)
+        if not alive:
+            with contextlib.suppress(ValueError, OSError):
+                self._engine_results()  # what it published before it went
+                loop.remove_reader(engine.results.fileno())
+        if self._engine_stopping or self.readiness.engine_failed:
+            return
+        error = engine.failure or "the engine process is gone"
+        if not alive:
+            self.legs.engine_died(error)
+        self._engine_failed(RuntimeError(error))
+
+    def _worker_died(self, index: int, legs: list[str]) -> None:
+        """A media worker is gone: its calls end as errors (WorkerLegs); the others go on. With none
+        left no call can be taken: exit non-zero so that the supervisor starts a fresh gateway."""
+        from gateway import metrics
+
+        metrics.MEDIA_WORKERS.set(self.pool.alive)
+        self.legs.worker_died(index, legs)
+        if self.pool.alive == 0 and not self._stop.is_set():
+            logger.critical("every media worker died: exiting with status %d", EXIT_FAILURE)
+            self.exit_code = EXIT_FAILURE
+            self._hurry = True
+            self._stop.set()
+
+    async def _watch_engine(self) -> None:
+        """The engine's lag -> admission (503 while far behind), /readyz and the metrics."""
+        from gateway import metrics
+
+        while True:
+            await asyncio.sleep(STATUS_PERIOD_S)
+            if self.legs is not None:
+                status = self.legs.status
+            elif self.engine is not None and hasattr(self.engine, "status"):
+                status = self.engine.status()
+            else:
+                continue
+            lag = float(status.get("lag_s", 0.0))
+            metrics.ENGINE_LAG.set(lag)
+            if self.overload.update(lag, time.monotonic()):
+                metrics.ENGINE_OVERLOADED.set(1 if self.overload.overloaded else 0)
+                if self.overload.overloaded:
+                    self.readiness.engine_behind = f"ASR engine behind (lag {lag:.1f} s): new calls get 503"
+                    logger.warning(
+                        "ASR engine %.1f s behind (bound %.1f s): new calls get 503 + Retry-After %d s",
+                        lag, self.overload.max_lag_s, self.overload.retry_after_s,
+                    )  # fmt: skip
+                else:
+                    self.readiness.engine_behind = ""
+                    logger.info("ASR engine caught up (lag %.2f s): taking new calls again", lag)
 
     async def _check_redis(self) -> None:
         """Say at startup whether Redis answers (the sink itself only notices with the first event)."""
@@ -654,12 +811,34 @@ class Daemon:
                 logger.exception("closing the sink failed")
         if self.http is not None:
             await self.http.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        if self.pool is not None:
+            await self.pool.stop()
         if self.engine is not None:
             try:
                 await asyncio.to_thread(self.engine.shutdown, drain=True, timeout=ENGINE_SHUTDOWN_S)
             except Exception:
                 logger.exception("engine shutdown failed")
+        if self.engine_process is not None:
+            await self._stop_engine_process()
+        if self._tmp is not None:
+            self._tmp.cleanup()
         logger.info("stopped in %.1f s (exit status %d)", time.monotonic() - t0, self.exit_code)
+
+    async def _stop_engine_process(self) -> None:
+        engine = self.engine_process
+        self._engine_stopping = True
+        loop = asyncio.get_running_loop()
+        for fd in (engine.control_fileno, engine.results.fileno() if engine.results is not None else None):
+            if fd is not None:
+                with contextlib.suppress(ValueError, OSError):
+                    loop.remove_reader(fd)
+        code = await asyncio.to_thread(engine.shutdown, drain=True, timeout=ENGINE_SHUTDOWN_S)
+        engine.close()
+        if code != 0 and not self.readiness.engine_failed:
+            logger.error("the engine process exited with status %d", code)
+            self.exit_code = EXIT_FAILURE
 
 
 # --- entry point -------------------------------------------------------------------------------------
@@ -691,14 +870,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"ttg serve: {f.message}", file=sys.stderr)
             return EXIT_CONFIG
         logger.log(f.level, "%s", f.message)
+    workers = resolve_media_workers(settings.daemon.media_workers, os.cpu_count())
+    if workers > 0:
+        return _main_with_workers(settings, workers)
     try:
         choice = choose_model(settings)
-        if choice.meaningless:
-            logger.warning(
-                "NO MODEL GIVEN AND NO EMBEDDED DEMO MODEL: serving a TINY RANDOM bundle (%s); its "
-                "transcripts are MEANINGLESS. Set TTG_MODEL__DIR (or --model DIR) to a real bundle.",
-                choice.dir,
-            )
         t0 = time.monotonic()
         model = load_model(settings, choice)
     except StartupError as e:
@@ -709,4 +885,55 @@ def main(args: argparse.Namespace) -> int:
         return 130
     logger.info("model %s loaded from %s in %.1f s", choice.name, choice.dir, time.monotonic() - t0)
     daemon = Daemon(settings, model, choice)
-    return _run_loop(daemon.run, settings.daemon.uvloop)
+    code = _run_loop(daemon.run, settings.daemon.uvloop)
+    # The engine's MLX thread released its own device state and streams when it stopped; this thread
+    # loaded the weights, so it ends its MLX streams too before the interpreter (and with it the CUDA
+    # runtime) goes away.
+    del daemon, model
+    from asr_core.model import release_mlx_thread
+
+    release_mlx_thread()
+    return code
+
+
+def _main_with_workers(settings: Settings, workers: int) -> int:
+    """The multi-process model: the engine process loads the model and starts before anything here is
+    bound (a bad bundle still ends the process with status 2 and one line), then the daemon."""
+    from asr_core.errors import EngineStoppedError
+    from asr_core.remote import EngineProcess
+
+    try:
+        choice = choose_model(settings)
+    except StartupError as e:
+        print(f"ttg serve: {e}", file=sys.stderr)
+        return e.code
+    with _bundle_view(settings, choice.dir) as (folder, back):
+        engine = EngineProcess(
+            folder,
+            settings.model.precision,
+            engine_config(settings),
+            front_ends=workers,
+            log_level=settings.log.level,
+        )
+        t0 = time.monotonic()
+        try:
+            engine.start(timeout=ENGINE_START_TIMEOUT_S)
+        except EngineStoppedError as e:
+            engine.close()
+            kind, message = engine.start_error or ("", str(e))
+            if kind == "BundleError":
+                print(f"ttg serve: cannot load the model bundle: {back(message)}", file=sys.stderr)
+                return EXIT_CONFIG
+            print(f"ttg serve: the ASR engine process did not start: {back(message)}", file=sys.stderr)
+            return EXIT_FAILURE
+        except KeyboardInterrupt:
+            engine.kill()
+            engine.close()
+            print("ttg serve: interrupted while loading the model", file=sys.stderr)
+            return 130
+        logger.info(
+            "model %s loaded from %s in %.1f s by the engine process %s",
+            choice.name, choice.dir, time.monotonic() - t0, engine.pid,
+        )  # fmt: skip
+        daemon = Daemon(settings, None, choice, engine_process=engine)
+        return _run_loop(daemon.run, settings.daemon.uvloop)

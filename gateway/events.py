@@ -9,9 +9,12 @@ Field names and meanings: DESIGN.md "Redis events"; the consumer's view: docs/ev
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, cast, get_args
+
+from asr_core.api import Word
 
 SCHEMA_VERSION = "1"
 
@@ -62,6 +65,19 @@ class CallEvent:
 class EventPublisher(Protocol):
     def publish(self, ev: CallEvent) -> None:
         """Hand an event over for publishing; returns at once (never blocks, never raises on Redis)."""
+
+
+def words_json(words: Sequence[Word]) -> str:
+    """The `words` field of partial/final events: a JSON array of {word, start_ms, end_ms,
+    confidence} in text order, times on the leg's media timeline (docs/events.md)."""
+    return json.dumps(
+        [
+            {"word": w.word, "start_ms": w.start_ms, "end_ms": w.end_ms, "confidence": w.confidence}
+            for w in words
+        ],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
 
 
 def event_id(call_id: str, leg: str, seq: int) -> str:

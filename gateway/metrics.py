@@ -23,6 +23,10 @@ BUILD_INFO = Info("ttg_build", "Build information of the gateway")
 
 # --- calls and SIP -------------------------------------------------------------------------------
 ACTIVE_CALLS = Gauge("ttg_active_calls", "Calls currently up (answered or being set up)")
+ACTIVE_STREAMS = Gauge(
+    "ttg_active_streams",
+    "Audio streams (legs) of the calls currently up: what TTG_SIP__MAX_CALLS counts",
+)
 CALLS = Counter("ttg_calls_total", "Calls by outcome", ["result"])
 SIP_REQUESTS = Counter("ttg_sip_requests_total", "SIP requests received", ["method"])
 SIP_RESPONSES = Counter("ttg_sip_responses_total", "SIP responses sent", ["code"])
@@ -59,6 +63,17 @@ ASR_QUEUE_WAIT = Histogram(
 DECODER_STEP = Histogram(
     "ttg_decoder_step_seconds", "Wall time of one RNN-T decode step", buckets=_STEP_BUCKETS
 )
+ENGINE_LAG = Gauge(
+    "ttg_engine_lag_seconds",
+    "Longest time over the last 1-2 s from a chunk's audio arriving to its decoding (the engine's delay)",
+)
+ENGINE_OVERLOADED = Gauge(
+    "ttg_engine_overloaded", "1 while new calls are refused because the engine is too far behind"
+)
+MEDIA_WORKERS = Gauge("ttg_media_workers", "Media worker processes running (0 in single-process mode)")
+MEDIA_WORKER_DEATHS = Counter(
+    "ttg_media_worker_deaths_total", "Media worker processes that died (their calls ended as errors)"
+)
 ASR_DROPPED_CHUNKS = Counter(
     "ttg_asr_chunks_dropped_total", "Audio chunks dropped because a call fell behind"
 )
@@ -66,6 +81,11 @@ TRANSCRIPT_LATENCY = Histogram(
     "ttg_transcript_latency_seconds",
     "From the arrival of the audio that completed a chunk to its transcript event",
     ["type"],
+    buckets=_LATENCY_BUCKETS,
+)
+TIME_TO_FINAL = Histogram(
+    "ttg_time_to_final_seconds",
+    "From the caller's last speech sample (the VAD's speech end) to the final transcript it closed",
     buckets=_LATENCY_BUCKETS,
 )
 
@@ -99,6 +119,7 @@ DROP_REASONS = ("buffer_full", "redis_down", "shutdown", "spool_full", "rejected
 CALL_RESULTS = (
     "admitted",
     "rejected_capacity",
+    "rejected_overload",
     "rejected_draining",
     "rejected_rate",
     "rejected_forbidden",
@@ -127,7 +148,7 @@ SIP_ERROR_REASONS = (
     "overload",
 )
 CODECS = ("PCMU", "PCMA")
-# gateway.rtp: parse failures (packet.py), then the receiver's own drops (audio/media.py).
+# gateway.rtp: parse failures (packet.py), then the receiver's own drops (rtp/media.py).
 RTP_INVALID_REASONS = (
     "too_short",
     "bad_version",
@@ -211,6 +232,9 @@ class PrometheusEngineHooks:
 
     def transcript(self, kind: str, latency_s: float) -> None:
         TRANSCRIPT_LATENCY.labels(kind).observe(latency_s)
+
+    def time_to_final(self, seconds: float) -> None:
+        TIME_TO_FINAL.observe(seconds)
 
 
 class PrometheusSinkHooks:

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from gateway.addresses import is_unspecified
+
 Direction = Literal["sendrecv", "sendonly", "recvonly", "inactive"]
 Codec = Literal["PCMU", "PCMA"]
 
@@ -105,8 +107,9 @@ class Connection:
 
     @property
     def is_null(self) -> bool:
-        """RFC 3264 §8.4: c=0.0.0.0 is the RFC 2543 way to put a stream on hold."""
-        return self.address in ("0.0.0.0", "::", "0:0:0:0:0:0:0:0")
+        """RFC 3264 §8.4: c=0.0.0.0 (any spelling of the unspecified address) is the RFC 2543 way to
+        put a stream on hold."""
+        return is_unspecified(self.address)
 
     @property
     def is_multicast(self) -> bool:
@@ -416,9 +419,9 @@ def _parse_attribute(value: str, lineno: int) -> Attribute:
 class MediaPlan:
     """What one accepted audio stream carries: everything the RTP receiver needs, nothing SIP-specific.
 
-    `direction` is the offerer's view (what they will do); `on_hold` follows the brief's definition
-    (sendonly/inactive or c=0.0.0.0); `media_expected` says whether RTP should flow to us at all, which
-    decides which inactivity timeout applies.
+    `direction` is the offerer's view (what they will do); `on_hold` is sendonly/inactive or c=0.0.0.0;
+    `media_expected` says whether RTP should flow to us at all, which decides which inactivity timeout
+    applies and whether we answer recvonly or inactive.
     """
 
     index: int  # the m= line in the offer (0-based)
@@ -438,7 +441,7 @@ class MediaPlan:
 
     @property
     def media_expected(self) -> bool:
-        return self.direction in ("sendrecv", "sendonly") and self.remote_host not in ("0.0.0.0", "::")
+        return self.direction in ("sendrecv", "sendonly") and not is_unspecified(self.remote_host)
 
     @property
     def payload_types(self) -> tuple[int, ...]:
@@ -486,11 +489,15 @@ def negotiate(
     codecs: Sequence[str] = SUPPORTED_CODECS,
     max_streams: int = 1,
     default_ptime_ms: int = DEFAULT_PTIME_MS,
+    recording: bool = False,
 ) -> Negotiation:
     """RFC 3264 §6: decide, for each offered m= line, whether we receive it and with what.
 
     `codecs` is the operator's allow list (subset of PCMU/PCMA); the offerer's order picks among them.
-    `max_streams` caps accepted audio streams (1 for a trunk call; SIPREC offers one per leg).
+    `max_streams` caps accepted audio streams (1 for a trunk call; SIPREC offers one per leg): the first
+    `max_streams` acceptable m= lines are taken, the rest answered with port 0.
+    `recording`: the offer is a SIPREC recording session (RFC 7866), whose streams are `sendonly`
+    by design, so `sendonly` is not hold there (only `inactive` or c=0.0.0.0 is).
     Raises NegotiationError when no stream is acceptable: the SIP side answers 488.
     """
     allowed = {c.upper() for c in codecs}
@@ -500,7 +507,7 @@ def negotiate(
     plans: list[MediaPlan | None] = []
     reasons: list[str | None] = []
     for index, m in enumerate(offer.media):
-        plan, reason = _negotiate_stream(offer, index, m, allowed, default_ptime_ms)
+        plan, reason = _negotiate_stream(offer, index, m, allowed, default_ptime_ms, recording)
         if plan is not None and sum(p is not None for p in plans) >= max_streams:
             plan, reason = None, f"only {max_streams} audio stream(s) accepted"
         plans.append(plan)
@@ -531,17 +538,19 @@ def negotiate_answer(
         )
     neg = negotiate(answer, codecs=codecs, max_streams=max_streams, default_ptime_ms=default_ptime_ms)
     plans = tuple(
-        None if p is None else replace(p, on_hold=p.direction == "inactive" or p.remote_host in _NULL_HOSTS)
+        None if p is None else replace(p, on_hold=p.direction == "inactive" or is_unspecified(p.remote_host))
         for p in neg.plans
     )
     return replace(neg, plans=plans)
 
 
-_NULL_HOSTS = frozenset({"0.0.0.0", "::", "0:0:0:0:0:0:0:0"})
-
-
 def _negotiate_stream(
-    offer: SessionDescription, index: int, m: MediaDescription, allowed: set[str], default_ptime_ms: int
+    offer: SessionDescription,
+    index: int,
+    m: MediaDescription,
+    allowed: set[str],
+    default_ptime_ms: int,
+    recording: bool = False,
 ) -> tuple[MediaPlan | None, str | None]:
     if m.media != "audio":
         return None, f"media {m.media!r} not supported"
@@ -604,7 +613,9 @@ def _negotiate_stream(
             rtcp_port = int(head)
 
     direction = offer.direction_of(m)
-    on_hold = direction in ("sendonly", "inactive") or conn.is_null
+    # RFC 7866: an SRC offers the streams it records sendonly; for a trunk call sendonly is hold.
+    hold_directions = ("inactive",) if recording else ("sendonly", "inactive")
+    on_hold = direction in hold_directions or conn.is_null
     plan = MediaPlan(
         index=index,
         codec=codec,
@@ -633,7 +644,7 @@ def answer_direction(plan: MediaPlan) -> Direction:
     offerer sends (sendrecv/sendonly, hold with music included), inactive otherwise (recvonly/inactive
     offers and c=0.0.0.0 holds, where the offerer will not send either).
     """
-    if plan.direction in ("sendrecv", "sendonly") and plan.remote_host not in ("0.0.0.0", "::"):
+    if plan.media_expected:
         return "recvonly"
     return "inactive"
 

@@ -7,14 +7,17 @@ seq per call+leg, so a redelivered event is shown once and a gap is pointed out.
 
     ttg tail                        # the last 20 events, then exit
     ttg tail -f                     # ... and follow
-    ttg tail --call ID [-f]         # one call from its start (found through the calls index)
+    ttg tail --call ID [-f]         # one call from its start (found through the calls index); its
+                                    # legs (SIPREC: caller and callee) interleaved by media time
     ttg tail --group G --consumer C # a consumer-group worker: XREADGROUP + XACK, resumes its pending
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import heapq
 import json
 import sys
 from collections.abc import Iterator, Mapping
@@ -52,11 +55,14 @@ class TailView:
     call_id: str | None = None
     partials: dict[tuple[str, str], Text] = field(default_factory=dict)
     last_seq: dict[tuple[str, str], int] = field(default_factory=dict)
+    speakers: dict[tuple[str, str], str] = field(default_factory=dict)  # call+leg -> who speaks on it
 
     def feed(self, fields: Mapping[str, str]) -> list[Text]:
         call, leg = fields.get("call_id", "?"), fields.get("leg", "?")
         if self.call_id is not None and call != self.call_id:
             return []
+        if fields.get("type") == "call_start":
+            self.speakers.update({(call, k): v for k, v in speakers(fields).items()})
         key = (call, leg)
         lines: list[Text] = []
         try:
@@ -72,7 +78,8 @@ class TailView:
             )
         self.last_seq[key] = seq
         kind = fields.get("type", "?")
-        who = f"{call}/{leg}"
+        speaker = self.speakers.get(key)
+        who = f"{call}/{leg}" + (f" ({speaker})" if speaker else "")
         when = _clock(fields.get("ts", ""))
         if kind == "partial":
             self.partials[key] = Text.assemble(
@@ -110,6 +117,8 @@ class TailView:
         elif kind == "call_end":
             for k in [k for k in self.partials if k[0] == call]:
                 del self.partials[k]
+            for k in [k for k in self.speakers if k[0] == call]:
+                del self.speakers[k]
             reason = fields.get("reason", "")
             lines.append(
                 Text.assemble((when, "dim"), "  ", (f"■ call {call} ended", "red bold"), f"  {reason}")
@@ -120,6 +129,37 @@ class TailView:
 
     def live(self) -> Group:
         return Group(*self.partials.values())
+
+
+def speakers(call_start: Mapping[str, str]) -> dict[str, str]:
+    """Leg -> the name (else AoR) of the participant heard on it, from call_start's `participants`
+    (SIPREC, docs/events.md); {} for a call without them."""
+    out: dict[str, str] = {}
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        for p in json.loads(call_start.get("participants") or "[]"):
+            label = str(p.get("name") or p.get("aor") or "")
+            for leg in p.get("legs") or ():
+                if label:
+                    out.setdefault(str(leg), label)
+    return out
+
+
+def interleave(entries: list[Entry]) -> list[Entry]:
+    """One call's events with its legs merged by media time (`start_ms`), each leg's own order kept
+    (its seq must stay increasing): who said what, in the order it was said. call_start stays first
+    and call_end last."""
+    firsts = [e for e in entries if e[1].get("type") == "call_start"]
+    lasts = [e for e in entries if e[1].get("type") == "call_end"]
+    legs: dict[str, list[Entry]] = {}
+    for e in entries:
+        if e[1].get("type") not in ("call_start", "call_end"):
+            legs.setdefault(e[1].get("leg", ""), []).append(e)
+
+    def media_ms(e: Entry) -> int:
+        value = e[1].get("start_ms", "")
+        return int(value) if value.isdigit() else 0
+
+    return [*firsts, *heapq.merge(*legs.values(), key=media_ms), *lasts]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -250,6 +290,8 @@ def main(args: argparse.Namespace) -> int:
                 emit(entry, live)
             return 0
         history, last_id = _history(r, args)
+        if args.call:
+            history = interleave(history)
         for entry in history:
             emit(entry, live)
         if args.follow:

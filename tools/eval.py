@@ -8,8 +8,10 @@ other keys kept in the per-utterance output, `condition` can be filtered on).
 
 Modes:
 - `streaming` (default): every file goes through the engine exactly as `ttg transcribe` runs it
-  (features, chunker, batched MLX encoder with caches, ONNX greedy decoder, transcript assembly); the
-  hypothesis is the stream's final segments joined.
+  (features, chunker, batched MLX encoder with caches, ONNX greedy decoder, transcript assembly, and
+  the endpointing of `ttg serve`: the VAD closes utterances through flushes); the hypothesis is the
+  stream's final segments joined. `--vad off` leaves the closing to the token-silence rules, so
+  the two runs give the WER change caused by early finalization.
 - `offline`: whole-utterance log-mel, the encoder's offline forward with the chunked_limited mask of
   the same lookahead, one greedy pass over all frames. In exact arithmetic it equals streaming.
 - `both`: runs both, scores both, and lists the utterances whose two transcripts differ.
@@ -95,6 +97,7 @@ def run_streaming(
     audios: Sequence[np.ndarray],
     forced_lang: str | None,
     lookahead: int | None,
+    vad: str | None = None,
 ) -> list[str]:
     """Each entry through the engine (as `ttg transcribe`), STREAM_GROUP concurrent streams at a time."""
     from asr_core.api import StreamEnded, TranscriptEvent
@@ -113,6 +116,7 @@ def run_streaming(
                 [audios[i] for i in group],
                 language=lang,
                 lookahead=lookahead,
+                vad=vad,
             )
             for i, events in zip(group, results, strict=True):
                 end = events[-1]
@@ -133,7 +137,7 @@ def run_offline(
 ) -> list[str]:
     """Whole-utterance decode: offline log-mel -> encoder offline forward -> one greedy pass."""
     from asr_core.bundle import load_bundle
-    from asr_core.decoder import GreedyDecoder, RnntGraphs
+    from asr_core.decoder import GreedyDecoder
     from asr_core.encoder import StreamingEncoder
     from asr_core.features import FeatureConfig, log_mel
     from asr_core.tokenizer import Tokenizer
@@ -141,15 +145,7 @@ def run_offline(
     bundle = load_bundle(model_dir, "f32" if precision == "auto" else precision)
     cfg = bundle.config
     encoder = StreamingEncoder(bundle.encoder_weights, cfg.encoder, bundle.precision)
-    graphs = RnntGraphs(
-        bundle.decoder_path,
-        bundle.joiner_path,
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.decoder_hidden_size,
-        num_layers=cfg.num_decoder_layers,
-        threads=1,
-    )
-    decoder = GreedyDecoder(graphs, cfg.blank_token_id, cfg.max_symbols_per_step)
+    decoder = GreedyDecoder(bundle.rnnt_graphs(threads=1), cfg.blank_token_id, cfg.max_symbols_per_step)
     tokenizer = Tokenizer.from_bundle(bundle)
     feat_cfg = FeatureConfig.from_dict(asdict(cfg.features))
     r = cfg.encoder.default_lookahead if lookahead is None else lookahead
@@ -182,7 +178,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--set", dest="set_path", type=Path, required=True, help="manifest.jsonl or a folder holding one"
     )
     parser.add_argument(
-        "--model", type=Path, default=None, help="model bundle directory (default: the demo model)"
+        "--model",
+        type=Path,
+        default=None,
+        help="model bundle directory (default: TTG_MODEL__DIR, else the demo model)",
     )
     parser.add_argument(
         "--lang", default=None, help="force one language prompt (default: each entry's `lang`, else en-US)"
@@ -195,6 +194,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--condition", default=None, help="only entries whose `condition` is this (e.g. test)"
     )
     parser.add_argument("--limit", type=int, default=None, help="only the first N entries")
+    parser.add_argument(
+        "--vad",
+        choices=("webrtc", "energy", "off"),
+        default=None,
+        help="streaming endpointing VAD (default: the engine's, as `ttg serve`)",
+    )
     parser.add_argument("--precision", default="auto", choices=["auto", "f32", "f16", "bf16"])
     parser.add_argument(
         "--json", dest="json_out", type=Path, default=None, help="write results (and every hypothesis) here"
@@ -203,7 +208,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from asr_core.model import AsrModel
-    from tools.transcribe import default_model_dir, read_audio
+    from tools.transcribe import cli_model_dir, read_audio
 
     entries = load_manifest(args.set_path)
     if args.condition is not None:
@@ -213,13 +218,14 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if not entries:
         raise ValueError("no utterances to evaluate (check --set / --condition)")
     audios = [read_audio(e.audio) for e in entries]
-    model_dir = args.model if args.model is not None else default_model_dir()
+    model_dir = cli_model_dir(args.model)
     refs = [e.text for e in entries]
     result: dict[str, Any] = {
         "model": str(model_dir),
         "set": str(args.set_path),
         "condition": args.condition,
         "lookahead": args.lookahead,
+        "vad": args.vad or "default",
         "utterances": len(entries),
         "audio_seconds": round(sum(len(a) for a in audios) / 16000, 1),
     }
@@ -227,7 +233,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if args.mode in ("streaming", "both"):
         model = AsrModel.load(model_dir, args.precision)
         t0 = time.monotonic()
-        hyps["streaming"] = run_streaming(model, entries, audios, args.lang, args.lookahead)
+        hyps["streaming"] = run_streaming(model, entries, audios, args.lang, args.lookahead, args.vad)
         result["streaming"] = _by_language(entries, refs, hyps["streaming"], args.lang)
         result["streaming"]["seconds"] = round(time.monotonic() - t0, 1)
     if args.mode in ("offline", "both"):

@@ -1,5 +1,8 @@
 """`ttg export SRC --out DIR [--dtype f16|bf16|f32]`: an upstream checkpoint -> the bundle format.
 
+`ttg export BUNDLE --out DIR --quantize {q8,q5,q4,mixed68} [--bitmap FILE] [--group-size N]`: any
+bundle ttg loads -> the quantized mlx-audio layout (tools/bundle/mlx_export.py says what is written).
+
 SRC is an HF checkpoint (`model.safetensors`, or its directory with `config.json`, maybe sharded) or a
 NeMo `.nemo` archive (needs torch to read its weights). Written:
 
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from asr_core.errors import BundleError
 from tools.bundle.checkpoint import Checkpoint, CheckpointError, read_checkpoint
+from tools.bundle.mlx_export import SCHEMES, MlxExportError, export_mlx
 from tools.bundle.tokens import BLANK_PIECE
 from tools.bundle.writer import (
     BUNDLE_FILES,
@@ -39,10 +43,27 @@ EXIT_INCOMPLETE = 3
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", type=Path, help="model.safetensors / HF checkpoint dir / model .nemo")
     parser.add_argument("--out", type=Path, required=True, help="bundle directory to write")
-    parser.add_argument("--dtype", choices=("f16", "bf16", "f32"), default="f16", help="encoder dtype (f16)")
+    parser.add_argument(
+        "--dtype",
+        choices=("f16", "bf16", "f32"),
+        default=None,
+        help="stored dtype of the non-quantized tensors (f16; with --quantize: the source's)",
+    )
     parser.add_argument("--tokens", type=Path, help="tokens.txt to use (id<TAB>piece or 'piece id' lines)")
     parser.add_argument(
         "--sentencepiece", type=Path, help="SentencePiece tokenizer.model to take pieces from"
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=tuple(SCHEMES),
+        default=None,
+        help="write the quantized mlx-audio layout from SRC, a bundle directory of any layout",
+    )
+    parser.add_argument(
+        "--bitmap", type=Path, default=None, help="per-module bits overriding the --quantize scheme (JSON)"
+    )
+    parser.add_argument(
+        "--group-size", type=int, default=64, help="quantization group size where it fits (32, 64, 128)"
     )
 
 
@@ -153,8 +174,13 @@ def export(
 
 def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
+    if args.quantize is not None:
+        return _main_quantize(args, t0)
+    if args.bitmap is not None:
+        print("ttg export: --bitmap goes with --quantize", file=sys.stderr)
+        return 2
     try:
-        summary = export(args.src, args.out, args.dtype, args.tokens, args.sentencepiece)
+        summary = export(args.src, args.out, args.dtype or "f16", args.tokens, args.sentencepiece)
     except (CheckpointError, ExportError, BundleError) as exc:
         print(f"ttg export: {exc}", file=sys.stderr)
         return 2
@@ -165,3 +191,17 @@ def main(args: argparse.Namespace) -> int:
     for name, how in missing.items():
         print(f"ttg export: incomplete bundle: {name} not written ({how})", file=sys.stderr)
     return EXIT_INCOMPLETE if missing else 0
+
+
+def _main_quantize(args: argparse.Namespace, t0: float) -> int:
+    if not args.src.is_dir():
+        print(f"ttg export: --quantize reads a bundle directory; {args.src} is not one", file=sys.stderr)
+        return 2
+    try:
+        summary = export_mlx(args.src, args.out, args.quantize, args.bitmap, args.group_size, args.dtype)
+    except (MlxExportError, BundleError) as exc:
+        print(f"ttg export: {exc}", file=sys.stderr)
+        return 2
+    summary["seconds"] = round(time.monotonic() - t0, 2)
+    print(json.dumps(summary, indent=2))
+    return 0

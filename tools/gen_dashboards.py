@@ -181,7 +181,13 @@ def gateway_rows() -> list[Row]:
         Row(
             "Calls",
             [
-                Panel("Active calls", [(f"sum(ttg_active_calls{SEL})", "active")], kind="stat", width=6),
+                Panel(
+                    "Active calls",
+                    [(f"sum(ttg_active_calls{SEL})", "calls"), (f"sum(ttg_active_streams{SEL})", "streams")],
+                    kind="stat",
+                    width=6,
+                    description="Streams: the calls' legs (SIPREC: one per party), what MAX_CALLS counts",
+                ),
                 Panel(
                     "Redis up",
                     [(f"min(ttg_redis_up{SEL})", "up")],
@@ -322,6 +328,7 @@ def gateway_rows() -> list[Row]:
 
 def asr_rows() -> list[Row]:
     bs = "ttg_encoder_batch_size"
+    refused = rate("ttg_calls_total", 'result="rejected_overload"')
     return [
         Row(
             "Encoder (one batched step for all ready calls)",
@@ -368,10 +375,12 @@ def asr_rows() -> list[Row]:
             "Transcripts",
             [
                 Panel(
-                    "Transcript latency by type",
-                    quantiles("ttg_transcript_latency_seconds", by="type"),
+                    "Time to final, transcript latency by type",
+                    [(q, "time to final " + legend) for q, legend in quantiles("ttg_time_to_final_seconds")]
+                    + quantiles("ttg_transcript_latency_seconds", by="type"),
                     unit="s",
-                    description="From the arrival of the audio completing a chunk to its transcript event",
+                    description="Time to final: from the caller's last speech sample (VAD) to the final "
+                    "it closed. By type: from the arrival of the audio completing a chunk to its event",
                 ),
                 Panel(
                     "Transcripts per second by type",
@@ -389,7 +398,38 @@ def asr_rows() -> list[Row]:
                     unit="cps",
                     description="A call's queue overflowed: the engine cannot keep up",
                 ),
-                Panel("Active calls", [(f"sum(ttg_active_calls{SEL})", "calls")]),
+                Panel(
+                    "Active calls",
+                    [(f"sum(ttg_active_calls{SEL})", "calls"), (f"sum(ttg_active_streams{SEL})", "streams")],
+                ),
+                Panel(
+                    "Engine lag",
+                    [
+                        (f"max(ttg_engine_lag_seconds{SEL})", "lag"),
+                        (f"max(ttg_engine_overloaded{SEL})", "refusing"),
+                    ],
+                    unit="s",
+                    description="Longest recent delay from a chunk's audio to its decoding; past "
+                    "TTG_SIP__MAX_ENGINE_LAG_MS new calls get 503 ('refusing' = 1)",
+                ),
+                Panel(
+                    "Calls refused for engine overload",
+                    [(f"sum({refused})", "refused/s")],
+                    unit="cps",
+                ),
+            ],
+        ),
+        Row(
+            "Processes",
+            [
+                Panel(
+                    "Media worker processes",
+                    [
+                        (f"sum(ttg_media_workers{SEL})", "running"),
+                        (f"sum({rate('ttg_media_worker_deaths_total')})", "deaths/s"),
+                    ],
+                    description="RTP receive and the ASR front end; 0 in single-process mode",
+                ),
             ],
         ),
     ]

@@ -6,8 +6,9 @@ Each file (wav/flac/anything libsndfile reads; any rate and channel count -> 16 
 is pushed through the engine in real chunk order, in 100 ms blocks, as fast as the engine takes it:
 the reader waits while the stream's backlog is high, so no chunk is ever dropped and the output is
 deterministic. Several files run as concurrent streams (batched in the encoder) and print in order.
-Without --model: the embedded demo model, or (until it ships) a tiny random bundle generated into a
-cache directory, whose transcripts are meaningless (a warning says so).
+Without --model: TTG_MODEL__DIR (alias NEMO_MODEL_DIR, as `ttg serve` reads it), else the embedded
+demo model, or (until it ships) a tiny random bundle generated into a cache directory, whose
+transcripts are meaningless (a warning says so). Any layout the loader reads works (README, "Models").
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ BACKLOG_LIMIT = 8  # chunks; below the engine's queue bound, so the file reader 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="audio files (wav, flac, ...)")
     parser.add_argument(
-        "--model", type=Path, default=None, help="model bundle directory (default: demo model)"
+        "--model",
+        type=Path,
+        default=None,
+        help="model bundle directory (default: TTG_MODEL__DIR, else the demo model)",
     )
     parser.add_argument("--lang", default="en-US", help="language prompt (a bundle locale or 'auto')")
     parser.add_argument("--lookahead", type=int, default=None, help="encoder lookahead in 80 ms frames")
@@ -39,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partials", action="store_true", help="print partial transcripts as they grow")
     parser.add_argument("--segments", action="store_true", help="print each final segment with its times")
     parser.add_argument("--json", action="store_true", help="print every event as a JSON line")
+    parser.add_argument(
+        "--vad",
+        choices=["webrtc", "energy", "off"],
+        default=None,
+        help="endpointing VAD (default: the engine's, as `ttg serve`; off: token silence only)",
+    )
     parser.add_argument(
         "--decoder-mode",
         choices=["workers", "batched"],
@@ -57,6 +67,17 @@ def read_audio(path: Path) -> np.ndarray:
     if rate != 16_000:
         mono = soxr.resample(mono, rate, 16_000, "HQ")
     return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def cli_model_dir(model: Path | None) -> Path:
+    """The model of `ttg transcribe`/`ttg eval`: --model, else TTG_MODEL__DIR (as `ttg serve` reads
+    it), else `default_model_dir()`."""
+    from gateway.config import Settings
+
+    if model is not None:
+        return model
+    configured = Settings().model.dir
+    return Path(configured).expanduser() if configured else default_model_dir()
 
 
 def default_model_dir(err: TextIO = sys.stderr) -> Path:
@@ -94,19 +115,31 @@ def transcribe(
     files: list[Path],
     audios: list[np.ndarray],
     *,
-    language: str,
+    language: str | list[str],
     lookahead: int | None,
     decoder_mode: str | None = None,
     on_event: Any = None,
+    vad: str | None = None,
+    endpoint: Any = None,
 ) -> list[list[Any]]:
-    """Run the files as concurrent streams; returns each file's events (StreamEnded last)."""
+    """Run the files as concurrent streams; returns each file's events (StreamEnded last).
+
+    `language`: one for all files or one per file; `endpoint`: an `EndpointConfig` (default: the
+    engine's)."""
     from asr_core.api import StreamEnded, StreamOptions
-    from asr_core.config import DecoderConfig, EngineConfig, SchedulerConfig
+    from asr_core.config import DecoderConfig, EndpointConfig, EngineConfig, SchedulerConfig
     from asr_core.engine import AsrEngine
+    from asr_core.vad import VadConfig
 
     decoder = DecoderConfig() if decoder_mode is None else DecoderConfig(mode=decoder_mode)  # type: ignore[arg-type]
     # A queue bound well above the reader's backlog limit: the file reader, not the drop policy, paces.
-    config = EngineConfig(scheduler=SchedulerConfig(max_queued_chunks=4 * BACKLOG_LIMIT), decoder=decoder)
+    config = EngineConfig(
+        scheduler=SchedulerConfig(max_queued_chunks=4 * BACKLOG_LIMIT),
+        decoder=decoder,
+        vad=VadConfig() if vad is None else VadConfig(kind=vad),  # type: ignore[arg-type]
+        endpoint=EndpointConfig() if endpoint is None else endpoint,
+    )
+    languages = [language] * len(files) if isinstance(language, str) else list(language)
     jobs = [_FileStream(p, a) for p, a in zip(files, audios, strict=True)]
 
     def callback(job: _FileStream) -> Any:
@@ -122,10 +155,8 @@ def transcribe(
     block = 16_000 * BLOCK_MS // 1000
     with AsrEngine(model, config) as engine:
         streams = [
-            engine.open_stream(
-                str(j.path), StreamOptions(language=language, lookahead=lookahead), callback(j)
-            )
-            for j in jobs
+            engine.open_stream(str(j.path), StreamOptions(language=lang, lookahead=lookahead), callback(j))
+            for j, lang in zip(jobs, languages, strict=True)
         ]
         pos = [0] * len(jobs)
         active = set(range(len(jobs)))
@@ -158,7 +189,7 @@ def main(args: argparse.Namespace) -> int:
         except Exception as e:
             print(f"ttg transcribe: cannot read {path}: {e}", file=sys.stderr)
             return 2
-    model_dir = args.model if args.model is not None else default_model_dir()
+    model_dir = cli_model_dir(args.model)
     try:
         model = AsrModel.load(model_dir, args.precision)
     except Exception as e:
@@ -183,6 +214,7 @@ def main(args: argparse.Namespace) -> int:
             lookahead=args.lookahead,
             decoder_mode=args.decoder_mode,
             on_event=live,
+            vad=args.vad,
         )
     except ValueError as e:  # unknown language, unsupported lookahead
         print(f"ttg transcribe: {e}", file=sys.stderr)

@@ -12,6 +12,9 @@ the three single-row answers; otherwise rows go through the batch-1 session one 
 
 One `RnntGraphs` is owned by one thread (a decoder worker): sessions run with one intra-op and one
 inter-op thread, sequential execution -- parallelism comes from workers, not from inside ORT.
+
+The graphs may also come in memory (a bundle that holds the prediction network and joint as weights
+has them built at load by asr_core.decoder.onnx_build): the same sessions, the same batched runs.
 """
 
 from __future__ import annotations
@@ -97,17 +100,27 @@ class RnntGraphs:
 
     def __init__(
         self,
-        decoder_path: Path | str,
-        joiner_path: Path | str,
+        decoder_path: Path | str | onnx.ModelProto,
+        joiner_path: Path | str | onnx.ModelProto,
         *,
         vocab_size: int | None = None,
         hidden_size: int | None = None,
         num_layers: int | None = None,
         threads: int = 1,
     ) -> None:
-        self.decoder_path, self.joiner_path = Path(decoder_path), Path(joiner_path)
-        dec_model = self._load(self.decoder_path)
-        joi_model = self._load(self.joiner_path)
+        """From the two files, or from graphs already in memory (`decoder_path`/`joiner_path` are
+        then their names in messages)."""
+        self._models: tuple[onnx.ModelProto, onnx.ModelProto] | None = None
+        if isinstance(decoder_path, onnx.ModelProto) and isinstance(joiner_path, onnx.ModelProto):
+            self._models = (decoder_path, joiner_path)
+            self.decoder_path, self.joiner_path = Path("decoder.onnx"), Path("joiner.onnx")
+            dec_model, joi_model = decoder_path, joiner_path
+        elif isinstance(decoder_path, onnx.ModelProto) or isinstance(joiner_path, onnx.ModelProto):
+            raise TypeError("both graphs from files, or both in memory")
+        else:
+            self.decoder_path, self.joiner_path = Path(decoder_path), Path(joiner_path)
+            dec_model = self._load(self.decoder_path)
+            joi_model = self._load(self.joiner_path)
         self.shape = self._check_io(dec_model, joi_model, vocab_size, hidden_size, num_layers)
         opts = session_options(threads)
         self._dec, self.decoder_batched = self._sessions(
@@ -263,7 +276,8 @@ class RnntGraphs:
 
     def weights(self) -> RnntWeights:
         """The graphs' weights as arrays, checked against these sessions on a probe batch."""
-        weights = extract_rnnt_weights(onnx.load(str(self.decoder_path)), onnx.load(str(self.joiner_path)))
+        dec, joi = self._models or (onnx.load(str(self.decoder_path)), onnx.load(str(self.joiner_path)))
+        weights = extract_rnnt_weights(dec, joi)
         net = NumpyRnnt(weights)
         feeds = self._probe_feeds(self.decoder_path, 3)
         tokens = feeds["token"][:, 0]

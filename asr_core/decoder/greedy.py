@@ -13,6 +13,9 @@ one pass, label-looping over the batch: each inner iteration runs the joiner onc
 that still has frames (each at its own frame pointer), then the prediction network once over the
 streams that emitted. Every stream sees exactly the per-stream sequence of operations, so the tokens
 are identical; only the batching of rows into matrix products differs.
+
+Each emission carries the joint's softmax probability of its token (the confidence of words),
+computed only for the rows that emit: 1 / sum(exp(logits - max)).
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ class RnntNet(Protocol):
 class Emission:
     token: int
     frame: int  # encoder frame index on the stream's timeline (x 80 ms = time)
+    prob: float = 1.0  # softmax probability of `token` in the joint's output
+
+
+def _winner_probs(logits: F32) -> F32:
+    """Softmax probability of each row's largest logit."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    return (1.0 / np.exp(z, dtype=np.float64).sum(axis=1)).astype(np.float32)
 
 
 @dataclass(slots=True)
@@ -70,12 +80,20 @@ class _Greedy:
     def new_state(self) -> DecoderState:
         return self.new_states(1)[0]
 
-    def _argmax(self, f: F32, g: F32) -> NDArray[np.int64]:
-        """Winning ids of the joint; a net with `joiner_argmax` (MLX) keeps the logits on its device."""
-        fast = getattr(self.net, "joiner_argmax", None)
+    def _argmax(self, f: F32, g: F32) -> tuple[NDArray[np.int64], F32]:
+        """Winning ids of the joint, and what `_probs` needs for their probabilities: the logits, or
+        (a net with `joiner_argmax_prob`, MLX, keeping the logits on its device) the probabilities."""
+        fast = getattr(self.net, "joiner_argmax_prob", None)
         if fast is not None:
-            return fast(f, g)
-        return self.net.joiner(f, g).argmax(axis=1)
+            ids, probs = fast(f, g)
+            return ids, probs
+        logits = self.net.joiner(f, g)
+        return logits.argmax(axis=1), logits
+
+    @staticmethod
+    def _probs(scores: F32, rows: NDArray[np.bool_]) -> F32:
+        """Probabilities of the winning ids of `rows` from `_argmax`'s second result."""
+        return scores[rows] if scores.ndim == 1 else _winner_probs(scores[rows])
 
 
 class GreedyDecoder(_Greedy):
@@ -89,10 +107,11 @@ class GreedyDecoder(_Greedy):
         for t in range(frames.shape[0]):
             f = frames[t : t + 1]
             for _ in range(self.max_symbols):
-                k = int(self._argmax(f, g)[0])
+                ids, scores = self._argmax(f, g)
+                k = int(ids[0])
                 if k == blank:
                     break
-                out.append(Emission(k, state.frames + t))
+                out.append(Emission(k, state.frames + t, float(self._probs(scores, ids != blank)[0])))
                 g, h, c = net.decoder_step(np.array([k], np.int64), h, c)
         state.g, state.h, state.c = g[0], h[:, 0], c[:, 0]
         state.frames += frames.shape[0]
@@ -122,7 +141,7 @@ class BatchedGreedyDecoder(_Greedy):
         blank, net, max_symbols = self.blank_id, self.net, self.max_symbols
         while active.size:
             assert frames is not None
-            k = self._argmax(frames[offsets[active] + t[active]], g[active])
+            k, scores = self._argmax(frames[offsets[active] + t[active]], g[active])
             emit = k != blank
             done = active[~emit]
             t[done] += 1
@@ -130,8 +149,9 @@ class BatchedGreedyDecoder(_Greedy):
             rows = active[emit]
             if rows.size:
                 toks = k[emit]
-                for r, tok in zip(rows.tolist(), toks.tolist(), strict=True):
-                    out[r].append(Emission(tok, int(base[r] + t[r])))
+                probs = self._probs(scores, emit)
+                for r, tok, p in zip(rows.tolist(), toks.tolist(), probs.tolist(), strict=True):
+                    out[r].append(Emission(tok, int(base[r] + t[r]), p))
                 g_new, h_new, c_new = net.decoder_step(toks, h[:, rows], c[:, rows])
                 g[rows], h[:, rows], c[:, rows] = g_new, h_new, c_new
                 symbols[rows] += 1

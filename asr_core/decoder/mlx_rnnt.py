@@ -1,7 +1,8 @@
 """The prediction network and joint in MLX (Metal / CUDA / CPU): for the batched decoder on a device.
 
 Same math as the ONNX graphs (weights from `RnntGraphs.weights()`, checked against onnxruntime);
-`joiner_argmax` returns only the B winning ids, so the B x V logits never leave the device. The
+`joiner_argmax_prob` returns only the B winning ids and their softmax probabilities, so the B x V
+logits never leave the device. The
 greedy loop itself stays on the host (`BatchedGreedyDecoder`), one joiner call per inner iteration.
 """
 
@@ -32,14 +33,15 @@ class MlxRnnt:
         ]
         self._proj = (mx.array(weights.proj_w.T, dtype=dtype), mx.array(weights.proj_b, dtype=dtype))
         self._head = (mx.array(weights.head_w.T, dtype=dtype), mx.array(weights.head_b, dtype=dtype))
-        self._argmax = mx.compile(self._joint_argmax)
-        self._step = mx.compile(self._decoder)
+        self._argmax_prob = mx.compile(self._joint_argmax_prob)
+        self._step = mx.compile(self.predict)
 
     def zero_state(self, batch: int) -> tuple[F32, F32]:
         shape = (self.layers, batch, self.hidden)
         return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
 
-    def _decoder(self, tokens: mx.array, h: mx.array, c: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    def predict(self, tokens: mx.array, h: mx.array, c: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """The prediction network on device arrays: tokens (B,), h/c (L, B, H) -> g (B, J), h', c'."""
         x = self._emb[tokens]
         hs, cs = [], []
         for i, (w_ih, w_hh, b) in enumerate(self._lstm):
@@ -51,11 +53,14 @@ class MlxRnnt:
             cs.append(c_new)
         return x @ self._proj[0] + self._proj[1], mx.stack(hs), mx.stack(cs)
 
-    def _joint(self, f: mx.array, g: mx.array) -> mx.array:
+    def joint(self, f: mx.array, g: mx.array) -> mx.array:
+        """The joint on device arrays: f, g (B, J) -> logits (B, V)."""
         return mx.maximum(f + g, 0) @ self._head[0] + self._head[1]
 
-    def _joint_argmax(self, f: mx.array, g: mx.array) -> mx.array:
-        return mx.argmax(self._joint(f, g), axis=1)
+    def _joint_argmax_prob(self, f: mx.array, g: mx.array) -> tuple[mx.array, mx.array]:
+        logits = self.joint(f, g).astype(mx.float32)
+        top = mx.max(logits, axis=1)
+        return mx.argmax(logits, axis=1), mx.exp(top - mx.logsumexp(logits, axis=1))
 
     def decoder_step(self, tokens: NDArray[np.integer], h: F32, c: F32) -> tuple[F32, F32, F32]:
         t = mx.array(np.asarray(tokens, np.int32))
@@ -64,9 +69,9 @@ class MlxRnnt:
         return np.array(g, np.float32), np.array(h2, np.float32), np.array(c2, np.float32)
 
     def joiner(self, f: F32, g: F32) -> F32:
-        out = self._joint(mx.array(f, dtype=self.dtype), mx.array(g, dtype=self.dtype))
+        out = self.joint(mx.array(f, dtype=self.dtype), mx.array(g, dtype=self.dtype))
         return np.array(out, np.float32)
 
-    def joiner_argmax(self, f: F32, g: F32) -> NDArray[np.int64]:
-        out = self._argmax(mx.array(f, dtype=self.dtype), mx.array(g, dtype=self.dtype))
-        return np.array(out, np.int64)
+    def joiner_argmax_prob(self, f: F32, g: F32) -> tuple[NDArray[np.int64], F32]:
+        ids, probs = self._argmax_prob(mx.array(f, dtype=self.dtype), mx.array(g, dtype=self.dtype))
+        return np.array(ids, np.int64), np.array(probs, np.float32)

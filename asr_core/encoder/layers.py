@@ -3,6 +3,10 @@
 Shapes: B rows, T new encoder frames per row, D = hidden, H heads of dh, Lc cached frames, K conv
 taps. The streaming entry points (`subsample`, `encoder_stack`) are traced by `mx.compile` once per input
 shape; everything elementwise between two matmuls fuses into one kernel there.
+
+Every linear layer's weight is a `Linear`: dense (in, out), or packed affine codes that stay packed
+(`asr_core.quant`: one `mx.quantized_matmul` per product, per-module bits and group size).
+Convolutions, norms and biases are always dense.
 """
 
 from __future__ import annotations
@@ -16,33 +20,35 @@ import mlx.core as mx
 import numpy as np
 
 from asr_core.bundle import EncoderConfig
+from asr_core.quant import Linear, QuantizedLinear, addmm, concat_rows, linear
 
 
 @dataclass(frozen=True)
 class LayerParams:
     ff1_norm: tuple[mx.array, mx.array]
-    ff1_w1: mx.array  # (D, FF)
-    ff1_w2: mx.array  # (FF, D)
+    ff1_w1: Linear  # D -> FF
+    ff1_w2: Linear  # FF -> D
     att_norm: tuple[mx.array, mx.array]
-    # Fused (GPU): (D, 4D) = [q | q | k | v] with q scaled by 1/sqrt(dh), and b_qq = [u | v] (scaled):
-    # one matmul and one add give (q+u)/sqrt(dh), (q+v)/sqrt(dh), k and v. Unfused (CPU, where the
-    # step streams weights and a duplicated q costs 4 % more bytes): (D, 3D) = [q | k | v].
-    w_qkv: mx.array
-    b_qq: mx.array  # (2D,)
-    b_u: mx.array  # (D,) = b_qq[:D], b_v = b_qq[D:], for the unfused layout
-    b_v: mx.array
-    w_o: mx.array  # (D, D)
-    w_pos: mx.array  # (D, D) relative_k_proj, for tables built at run time (offline)
-    pos_t: mx.array  # (H, dh, NP): projected relative positions d_min..d_max, precomputed once
-    pos_rev: mx.array  # (H, dh, NP): the same columns in reverse (d_max first), for the "lean" path
+    # D -> 3D = [q | k | v] in one product (one part), or three products when the packed parts differ
+    # in bits or group size. q is pre-scaled by 1/sqrt(dh) when dense; packed codes keep their scales
+    # and the queries are scaled after the product (`q_scale`), so no extra rounding touches them.
+    w_qkv: tuple[Linear, ...]
+    q_scale: float  # 1.0 (folded into dense weights and b_u/b_v) or 1/sqrt(dh)
+    b_u: mx.array  # (D,) bias_u (/ sqrt(dh) when folded)
+    b_v: mx.array  # (D,) bias_v (/ sqrt(dh) when folded)
+    w_o: Linear  # D -> D
+    w_pos: Linear  # relative_k_proj, for tables built at run time (offline)
+    # (H, dh, NP): projected relative positions for distances d_max down to d_min (reverse order, so
+    # the rel-shift is a strided view, see `_attention`), precomputed once for streaming steps.
+    pos_rev: mx.array
     conv_norm: tuple[mx.array, mx.array]
     w_pw1: mx.array  # (D, 2D): GLU value | gate
     w_dw: tuple[mx.array, ...]  # K taps of (D,), oldest frame first
     dw_norm: tuple[mx.array, mx.array]
     w_pw2: mx.array  # (D, D)
     ff2_norm: tuple[mx.array, mx.array]
-    ff2_w1: mx.array
-    ff2_w2: mx.array
+    ff2_w1: Linear
+    ff2_w2: Linear
     out_norm: tuple[mx.array, mx.array]
 
 
@@ -54,17 +60,17 @@ class SubsamplingParams:
     b_dw: tuple[mx.array, ...]
     w_pw: tuple[mx.array, ...]  # (C_in, C_out)
     b_pw: tuple[mx.array, ...]
-    w_out: mx.array  # (C*F, D), input index c*F + f
+    w_out: Linear  # C*F -> D, input index c*F + f
     b_out: mx.array
 
 
 @dataclass(frozen=True)
 class HeadParams:
-    w1_x: mx.array  # (D, P): prompt_projector.linear_1 rows for the encoder output
-    w1_prompt: mx.array  # (num_prompts, P): rows for the one-hot block, plus linear_1.bias
-    w2: mx.array  # (P, D)
+    w1_x: Linear  # D -> P: prompt_projector.linear_1's inputs from the encoder output
+    w1_prompt: mx.array  # (num_prompts, P): its one-hot block as a table, plus linear_1.bias
+    w2: Linear  # P -> D
     b2: mx.array
-    w_proj: mx.array  # (D, J) encoder_projector
+    w_proj: Linear  # D -> J encoder_projector
     b_proj: mx.array
 
 
@@ -76,10 +82,6 @@ class EncoderParams:
     layers: tuple[LayerParams, ...]
     head: HeadParams
     t_max: int  # largest chunk (encoder frames) the precomputed position tables cover
-    d_min: int  # relative distance of pos_t column 0
-    attention: str = "explicit"  # or "sdpa": mx.fast.scaled_dot_product_attention with the bias
-    fused_queries: bool = False  # LayerParams.w_qkv layout
-    lean: bool = False  # streaming attention in head-major layouts (see `_lean_attention`)
 
     @property
     def input_scale(self) -> float:
@@ -102,35 +104,39 @@ def relative_position_embedding(distances: np.ndarray, d_model: int) -> np.ndarr
     return pe
 
 
-def project_positions(w_pos: mx.array, distances: np.ndarray, n_heads: int, dtype: mx.Dtype) -> mx.array:
-    """(H, dh, len(distances)) = relpos(distances) @ relative_k_proj, in float64 then cast."""
-    d_model = w_pos.shape[0]
+def dense_in_out(w: Linear) -> mx.array:
+    """The (in, out) float32 matrix of a linear weight (packed codes dequantized)."""
+    return w.dequantize(mx.float32).T if isinstance(w, QuantizedLinear) else w.astype(mx.float32)
+
+
+def project_positions(w_pos: Linear, distances: np.ndarray, n_heads: int, dtype: mx.Dtype) -> mx.array:
+    """(H, dh, len(distances)) = relpos(distances) @ relative_k_proj, in float64 then cast; the columns
+    follow `distances` (callers pass them largest first). A table computed once, so packed codes are
+    dequantized for it."""
+    w = np.array(dense_in_out(w_pos), dtype=np.float64)
+    d_model = w.shape[0]
     pe = relative_position_embedding(distances, d_model).astype(np.float64)
-    w = np.array(w_pos.astype(mx.float32), dtype=np.float64)
     proj = (pe @ w).reshape(len(distances), n_heads, d_model // n_heads)
     return mx.array(np.ascontiguousarray(proj.transpose(1, 2, 0)).astype(np.float32)).astype(dtype)
 
 
 def build_params(
-    weights: Mapping[str, mx.array],
-    cfg: EncoderConfig,
-    dtype: mx.Dtype,
-    attention: str = "explicit",
-    fused_queries: bool = False,
-    lean: bool = False,
+    weights: Mapping[str, Linear], cfg: EncoderConfig, dtype: mx.Dtype, unpack: bool = False
 ) -> EncoderParams:
-    """Bundle weights (HF names, MLX layouts) -> fused arrays in `dtype`. `lean` needs the unfused
-    [q | k | v] layout (its bias add writes both query layouts from one q)."""
-    if attention not in ("explicit", "sdpa"):
-        raise ValueError(f"attention {attention!r}: expected 'explicit' or 'sdpa'")
-    if lean and fused_queries:
-        raise ValueError("lean attention uses the unfused [q | k | v] projection")
+    """Bundle weights (HF names; dense in MLX layouts, or packed) -> fused arrays in `dtype`; packed
+    codes stay packed, their scales and biases in `dtype`, unless `unpack` (then they are
+    dequantized once, here: the same values as dense weights)."""
+    if unpack:
+        weights = {n: dense_in_out(w) if isinstance(w, QuantizedLinear) else w for n, w in weights.items()}
 
     def w(name: str) -> mx.array:
+        return _dense(weights[name], name).astype(dtype)
+
+    def lin(name: str) -> Linear:
         return weights[name].astype(dtype)
 
     def w32(name: str) -> mx.array:
-        return weights[name].astype(mx.float32)
+        return _dense(weights[name], name).astype(mx.float32)
 
     def taps(kernel: mx.array) -> tuple[mx.array, ...]:  # OHWI (C, kt, kf, 1) -> kt-major taps
         return tuple(kernel[:, kt, kf, 0] for kt in range(kernel.shape[1]) for kf in range(kernel.shape[2]))
@@ -140,42 +146,37 @@ def build_params(
 
     H, dh, Lc = cfg.num_attention_heads, cfg.head_dim, cfg.left_context_frames
     t_max = max(cfg.supported_lookaheads) + 1
-    # Distances a streaming query (Lc + i) sees to keys 0 .. Lc + T - 1, for every T <= t_max.
-    d_min, d_max = -(t_max - 1), Lc + t_max - 1
-    distances = np.arange(d_min, d_max + 1)
+    # Distances a streaming query (Lc + i) sees to keys 0 .. Lc + T - 1, for every T <= t_max, largest
+    # first: d_max = Lc + t_max - 1 down to d_min = -(t_max - 1).
+    distances = np.arange(Lc + t_max - 1, -t_max, -1)
 
     layers = []
     for n in range(cfg.num_hidden_layers):
         p = f"encoder.layers.{n}."
         a = p + "self_attn."
-        scale = dh**-0.5
-        wq = w32(a + "q_proj.weight") * scale
-        w_kv = [w32(a + "k_proj.weight"), w32(a + "v_proj.weight")]
-        w_qkv = mx.concatenate([wq, wq, *w_kv] if fused_queries else [wq, *w_kv], axis=1)
-        b_u, b_v = w32(a + "bias_u").reshape(-1) * scale, w32(a + "bias_v").reshape(-1) * scale
-        pos_t = project_positions(weights[a + "relative_k_proj.weight"], distances, H, dtype)
+        w_qkv, q_scale = _qkv(weights, a, dh**-0.5, dtype)
+        b_u, b_v = (w32(a + name).reshape(-1) * (dh**-0.5 / q_scale) for name in ("bias_u", "bias_v"))
         layers.append(
             LayerParams(
                 ff1_norm=norm(p + "norm_feed_forward1"),
-                ff1_w1=w(p + "feed_forward1.linear1.weight"),
-                ff1_w2=w(p + "feed_forward1.linear2.weight"),
+                ff1_w1=lin(p + "feed_forward1.linear1.weight"),
+                ff1_w2=lin(p + "feed_forward1.linear2.weight"),
                 att_norm=norm(p + "norm_self_att"),
-                w_qkv=w_qkv.astype(dtype),
-                b_qq=mx.concatenate([b_u, b_v]).astype(dtype),
+                w_qkv=w_qkv,
+                q_scale=q_scale,
                 b_u=b_u.astype(dtype),
                 b_v=b_v.astype(dtype),
-                w_o=w(a + "o_proj.weight"),
-                w_pos=w(a + "relative_k_proj.weight"),
-                pos_t=pos_t,
-                pos_rev=pos_t[..., ::-1],
+                w_o=lin(a + "o_proj.weight"),
+                w_pos=lin(a + "relative_k_proj.weight"),
+                pos_rev=project_positions(weights[a + "relative_k_proj.weight"], distances, H, dtype),
                 conv_norm=norm(p + "norm_conv"),
                 w_pw1=w(p + "conv.pointwise_conv1.weight"),
                 w_dw=tuple(w(p + "conv.depthwise_conv.weight")),
                 dw_norm=norm(p + "conv.norm"),
                 w_pw2=w(p + "conv.pointwise_conv2.weight"),
                 ff2_norm=norm(p + "norm_feed_forward2"),
-                ff2_w1=w(p + "feed_forward2.linear1.weight"),
-                ff2_w2=w(p + "feed_forward2.linear2.weight"),
+                ff2_w1=lin(p + "feed_forward2.linear1.weight"),
+                ff2_w2=lin(p + "feed_forward2.linear2.weight"),
                 out_norm=norm(p + "norm_out"),
             )
         )
@@ -189,31 +190,63 @@ def build_params(
         b_dw=tuple(w(s + f"layers.{i}.depthwise_conv.bias") for i in range(n_later)),
         w_pw=tuple(w(s + f"layers.{i}.pointwise_conv.weight")[:, 0, 0, :].T for i in range(n_later)),
         b_pw=tuple(w(s + f"layers.{i}.pointwise_conv.bias") for i in range(n_later)),
-        w_out=w(s + "linear.weight"),
+        w_out=lin(s + "linear.weight"),
         b_out=w(s + "linear.bias"),
     )
     D = cfg.hidden_size
-    w1 = w("prompt_projector.linear_1.weight")  # (D + num_prompts, P)
+    w1 = weights["prompt_projector.linear_1.weight"]  # D + num_prompts -> P
+    # one-hot(p) @ W1[D:] is row p of W1[D:]: a table; folding the bias in saves an add per step.
+    w1_prompt = dense_in_out(w1)[D:] + w32("prompt_projector.linear_1.bias")
     head = HeadParams(
-        w1_x=w1[:D],
-        # one-hot(p) @ W1[D:] is row p of W1[D:]; folding the bias in saves an add per step.
-        w1_prompt=(
-            w1[D:].astype(mx.float32) + weights["prompt_projector.linear_1.bias"].astype(mx.float32)
-        ).astype(dtype),
-        w2=w("prompt_projector.linear_2.weight"),
+        # Packed codes split on a group boundary: (D + num_prompts) % group == 0 and num_prompts is
+        # a multiple of every MLX group size, so D is too.
+        w1_x=w1.columns(0, D).astype(dtype) if isinstance(w1, QuantizedLinear) else w1[:D].astype(dtype),
+        w1_prompt=w1_prompt.astype(dtype),
+        w2=lin("prompt_projector.linear_2.weight"),
         b2=w("prompt_projector.linear_2.bias"),
-        w_proj=w("encoder_projector.weight"),
+        w_proj=lin("encoder_projector.weight"),
         b_proj=w("encoder_projector.bias"),
     )
     # Materialize contiguous copies now so no step pays for a slice, transpose or cast.
-    params = EncoderParams(cfg, dtype, sub, tuple(layers), head, t_max, d_min, attention, fused_queries, lean)
+    params = EncoderParams(cfg, dtype, sub, tuple(layers), head, t_max)
     return _rebuild_contiguous(params)
+
+
+def _dense(w: Linear, name: str) -> mx.array:
+    if isinstance(w, QuantizedLinear):
+        raise ValueError(f"{name}: packed codes where the encoder needs a dense tensor")
+    return w
+
+
+def _qkv(
+    weights: Mapping[str, Linear], prefix: str, scale: float, dtype: mx.Dtype
+) -> tuple[tuple[Linear, ...], float]:
+    """The [q | k | v] projection as one product where the parts allow it, and the query scale left
+    to apply after it (see LayerParams.w_qkv)."""
+    parts = [weights[prefix + f"{x}_proj.weight"] for x in ("q", "k", "v")]
+    dense = [x for x in parts if not isinstance(x, QuantizedLinear)]
+    packed = [x for x in parts if isinstance(x, QuantizedLinear)]
+    if len(dense) == 3:
+        wq, wk, wv = (x.astype(mx.float32) for x in dense)
+        return (mx.concatenate([wq * scale, wk, wv], axis=1).astype(dtype),), 1.0
+    fused = concat_rows(packed) if len(packed) == 3 else None
+    if fused is not None:
+        return (fused.astype(dtype),), scale
+    return tuple(x.astype(dtype) for x in parts), scale
+
+
+def weight_nbytes(params: EncoderParams) -> int:
+    """Bytes of every weight the encoder keeps on the device (packed codes at their packed size)."""
+    return sum(int(a.nbytes) for a in _leaves((params.layers, params.sub, params.head)))
 
 
 def _contiguous(value: Any) -> Any:
     """Copy of a params tree with every array contiguous (and evaluated by the caller)."""
     if isinstance(value, mx.array):
         return mx.contiguous(value)
+    if isinstance(value, QuantizedLinear):
+        w, scales, biases = (mx.contiguous(a) for a in value.arrays())
+        return QuantizedLinear(w, scales, biases, value.bits, value.group_size)
     if isinstance(value, tuple):
         return tuple(_contiguous(v) for v in value)
     if isinstance(value, LayerParams | SubsamplingParams | HeadParams):
@@ -224,6 +257,8 @@ def _contiguous(value: Any) -> Any:
 def _leaves(value: Any) -> list[mx.array]:
     if isinstance(value, mx.array):
         return [value]
+    if isinstance(value, QuantizedLinear):
+        return list(value.arrays())
     if isinstance(value, tuple):
         return [a for v in value for a in _leaves(v)]
     if isinstance(value, LayerParams | SubsamplingParams | HeadParams):
@@ -297,7 +332,7 @@ def subsample(
             x = mx.maximum(x @ p.sub.w_pw[i - 1] + p.sub.b_pw[i - 1], 0)
     # (B, T, F, C) -> (B, T, C*F): feature index c*F + f, as PyTorch's (B, C, T, F) flattening.
     x = x.swapaxes(2, 3).flatten(2, 3)
-    x = x @ p.sub.w_out + p.sub.b_out
+    x = linear(x, p.sub.w_out) + p.sub.b_out
     if p.cfg.scale_input:
         x = x * p.input_scale
     return x, new_rows
@@ -311,102 +346,55 @@ def _ln(x: mx.array, wb: tuple[mx.array, mx.array], eps: float) -> mx.array:
     return mx.fast.layer_norm(x, wb[0], wb[1], eps)
 
 
-def _ff(x: mx.array, norm: tuple[mx.array, mx.array], w1: mx.array, w2: mx.array, eps: float) -> mx.array:
-    h = _ln(x, norm, eps) @ w1
+def _ff(x: mx.array, norm: tuple[mx.array, mx.array], w1: Linear, w2: Linear, eps: float) -> mx.array:
+    h = linear(_ln(x, norm, eps), w1)
     h = h * mx.sigmoid(h)
     # residual + 0.5 * FF(x) in the matmul's epilogue
-    return mx.addmm(x, h, w2, alpha=0.5, beta=1.0)
+    return addmm(x, h, w2, alpha=0.5)
 
 
 def _attention(
     qkv: mx.array,
     kv_cache: mx.array | None,
     mask: mx.array,
-    bd_index: mx.array,
-    pos_t: mx.array,
-    lp: LayerParams,
-    cfg: EncoderConfig,
-    B: int,
-    T: int,
-    attn_impl: str,
-) -> tuple[mx.array, mx.array]:
-    """Relative-position attention over [cache | new] frames: (B*T, D) output rows and the new K|V.
-
-    The first layout (the GPU run of 2026-11-30 measured it): K|V concatenated as frame rows, heads
-    as strided views (which MLX's matmul copies to contiguous, K transposed), the position term as a
-    batched (B*H) matmul and a gather (the rel-shift)."""
-    D, H, dh = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
-    qkv = qkv.reshape(B, T, -1)
-    if qkv.shape[-1] == 4 * D:  # fused: [q | q | k | v]
-        qq = qkv[..., : 2 * D] + lp.b_qq  # (q + u)/sqrt(dh) | (q + v)/sqrt(dh), one kernel
-        q_u_flat, q_v_flat, kv_new = qq[..., :D], qq[..., D:], qkv[..., 2 * D :]
-    else:
-        q = qkv[..., :D]
-        q_u_flat, q_v_flat, kv_new = q + lp.b_u, q + lp.b_v, qkv[..., D:]
-    kv = kv_new if kv_cache is None else mx.concatenate([kv_cache, kv_new], axis=1)
-
-    def heads(t: mx.array) -> mx.array:  # (B, n, D) -> (B, H, n, dh)
-        return mx.unflatten(t, -1, (H, dh)).transpose(0, 2, 1, 3)
-
-    q_u, q_v = heads(q_u_flat), heads(q_v_flat)
-    k, v = heads(kv[..., :D]), heads(kv[..., D:])
-    # Transformer-XL scores: content (q+u)·k plus position (q+v)·R[query - key]; the rel-shift of
-    # the reference is a gather of the precomputed distance columns.
-    bias = mx.take_along_axis(q_v @ pos_t, bd_index, axis=-1) + mask
-    if attn_impl == "sdpa":
-        o = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=1.0, mask=bias)
-    else:
-        attn = mx.softmax(q_u @ k.swapaxes(-1, -2) + bias, axis=-1, precise=True)
-        o = attn @ v
-    return o.transpose(0, 2, 1, 3).reshape(B * T, D), kv_new
-
-
-def _lean_attention(
-    qkv: mx.array,
-    kv_cache: mx.array,
-    mask: mx.array,
-    lp: LayerParams,
-    cfg: EncoderConfig,
-    B: int,
-    T: int,
+    pos_rev: mx.array,
     shift: int,
-    attn_impl: str,
+    cfg: EncoderConfig,
+    lp: LayerParams,
+    B: int,
+    T: int,
 ) -> tuple[mx.array, mx.array]:
-    """The same attention with every matmul operand already in the layout cuBLAS takes, so MLX
-    copies nothing behind the graph's back, and no gather:
+    """Relative-position attention of T new frames over [cache | new] keys, with every matmul operand
+    already in the layout the GEMM takes (so MLX copies nothing behind the graph's back) and no gather:
 
-    * the bias add writes q+u as (B, H, T, dh) and q+v as (H, B*T, dh) (one fused kernel, two
-      outputs, from the unfused [q | k | v] projection);
-    * the K|V concatenation writes (2, B, H, L, dh): K and V are contiguous per head, K^T a
-      transposed view (the first layout made MLX copy K *transposed* per layer: strided reads);
-    * the position term is H GEMMs of (B*T, dh) x (dh, NP) instead of B*H tiny ones, against the
-      distance columns in reverse order, so the rel-shift is a strided view: query i's key j sits
-      at column shift - i + j of its row (`shift` = t_max - 1), i.e. row stride NP - 1.
+    * the bias add writes q+u as (B, H, T, dh) and q+v as (H, B*T, dh) (one fused kernel, two outputs);
+    * the K|V concatenation writes (2, B, H, L, dh): K and V are contiguous per head, K^T a view;
+    * the position term is H GEMMs of (B*T, dh) x (dh, NP) against the distance columns in reverse
+      order, so the rel-shift of the reference is a strided view: query i's key j sits at column
+      shift - i + j of its row, i.e. a row stride of NP - 1 (`shift` = d_max minus the cached frames).
 
-    qkv (B*T, 3D), kv_cache (B, Lc, 2D); returns (B*T, D) output rows and the new K|V (B, T, 2D)."""
+    qkv (B*T, 3D); kv_cache (B, Lc, 2D) or None (offline: the keys are the new frames); mask additive,
+    broadcastable to (B, H, T, L). Returns (B*T, D) output rows and the new K|V (B, T, 2D)."""
     D, H, dh = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
-    Lc = kv_cache.shape[1]
-    L, NP = Lc + T, lp.pos_rev.shape[-1]
+    NP = pos_rev.shape[-1]
     q = qkv[:, :D].reshape(B, T, H, dh)
     q_u = q.transpose(0, 2, 1, 3) + lp.b_u.reshape(H, 1, dh)  # (B, H, T, dh)
     q_v = q.reshape(B * T, H, dh).transpose(1, 0, 2) + lp.b_v.reshape(H, 1, dh)  # (H, B*T, dh)
+    if lp.q_scale != 1.0:
+        q_u, q_v = q_u * lp.q_scale, q_v * lp.q_scale
     kv_new = qkv[:, D:].reshape(B, T, 2 * D)
-    kv = mx.concatenate(
-        [
-            kv_cache.reshape(B, Lc, 2, H, dh).transpose(2, 0, 3, 1, 4),
-            kv_new.reshape(B, T, 2, H, dh).transpose(2, 0, 3, 1, 4),
-        ],
-        axis=3,
-    )  # (2, B, H, L, dh)
-    k, v = _layer(kv, 0), _layer(kv, 1)
-    pos = q_v @ lp.pos_rev  # (H, B*T, NP), contiguous
-    rel = mx.as_strided(pos, (H, B, T, L), (B * T * NP, T * NP, NP - 1, 1), shift)
-    bias = rel.transpose(1, 0, 2, 3) + mask  # (B, H, T, L)
-    if attn_impl == "sdpa":
-        o = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=1.0, mask=bias)
+    kv = kv_new.reshape(B, T, 2, H, dh).transpose(2, 0, 3, 1, 4)
+    if kv_cache is not None:
+        Lc = kv_cache.shape[1]
+        kv = mx.concatenate([kv_cache.reshape(B, Lc, 2, H, dh).transpose(2, 0, 3, 1, 4), kv], axis=3)
     else:
-        attn = mx.softmax(q_u @ k.swapaxes(-1, -2) + bias, axis=-1, precise=True)
-        o = attn @ v
+        kv = mx.contiguous(kv)
+    L = kv.shape[3]  # (2, B, H, L, dh)
+    k, v = _layer(kv, 0), _layer(kv, 1)
+    pos = q_v @ pos_rev  # (H, B*T, NP), contiguous
+    rel = mx.as_strided(pos, (H, B, T, L), (B * T * NP, T * NP, NP - 1, 1), shift)
+    scores = q_u @ k.swapaxes(-1, -2) + rel.transpose(1, 0, 2, 3) + mask
+    o = mx.softmax(scores, axis=-1, precise=True) @ v
     return o.transpose(0, 2, 1, 3).reshape(B * T, D), kv_new
 
 
@@ -415,20 +403,17 @@ def conformer_layer(
     kv_cache: mx.array | None,
     conv_cache: mx.array,
     mask: mx.array,
-    bd_index: mx.array,
-    pos_t: mx.array,
+    pos_rev: mx.array,
+    shift: int,
     lp: LayerParams,
     cfg: EncoderConfig,
-    attn_impl: str = "explicit",
-    lean_shift: int | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """One block over T new frames of B rows.
 
     x (B, T, D); kv_cache (B, Lc, 2D) projected K|V of the cached frames, oldest first (None: no
     cache, as offline); conv_cache (B, K-1, D) last GLU outputs; mask additive (B|1, 1, T|1, L) with
-    L = Lc + T keys; bd_index (1, 1, T, L) column of `pos_t` holding each (query, key) distance.
-    `lean_shift` (streaming only): use `_lean_attention` with `lp.pos_rev` instead of `bd_index`.
-    Returns x, this chunk's K|V (B, T, 2D) and the new conv cache (B, K-1, D).
+    L = Lc + T keys; `pos_rev`/`shift`: the position table and where query 0's key 0 sits in it
+    (`_attention`). Returns x, this chunk's K|V (B, T, 2D) and the new conv cache (B, K-1, D).
     """
     eps = cfg.layer_norm_eps
     D = cfg.hidden_size
@@ -440,13 +425,11 @@ def conformer_layer(
 
     x = _ff(x, lp.ff1_norm, lp.ff1_w1, lp.ff1_w2, eps)
 
-    qkv = _ln(x, lp.att_norm, eps) @ lp.w_qkv
-    if lean_shift is not None:
-        assert kv_cache is not None, "the lean path is for streaming steps"
-        o, kv_new = _lean_attention(qkv, kv_cache, mask, lp, cfg, B, T, lean_shift, attn_impl)
-    else:
-        o, kv_new = _attention(qkv, kv_cache, mask, bd_index, pos_t, lp, cfg, B, T, attn_impl)
-    x = mx.addmm(x, o, lp.w_o)
+    h = _ln(x, lp.att_norm, eps)
+    parts = [linear(h, w) for w in lp.w_qkv]
+    qkv = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
+    o, kv_new = _attention(qkv, kv_cache, mask, pos_rev, shift, cfg, lp, B, T)
+    x = addmm(x, o, lp.w_o)
 
     # Convolution module: pw1 -> GLU -> causal depthwise over [cache | new] -> LN -> SiLU -> pw2.
     g = _ln(x, lp.conv_norm, eps) @ lp.w_pw1
@@ -468,23 +451,24 @@ def head(p: EncoderParams, x: mx.array, prompt_ids: mx.array) -> mx.array:
     """Prompt fusion after the encoder, then encoder_projector: (B, T, D) -> (B, T, J) float32."""
     hp = p.head
     prompt = mx.take(hp.w1_prompt, prompt_ids, axis=0)[:, None, :]  # (B, 1, P)
-    z = mx.maximum(x @ hp.w1_x + prompt, 0)
-    z = z @ hp.w2 + hp.b2
-    return (z @ hp.w_proj + hp.b_proj).astype(mx.float32)
+    z = mx.maximum(linear(x, hp.w1_x) + prompt, 0)
+    z = linear(z, hp.w2) + hp.b2
+    return (linear(z, hp.w_proj) + hp.b_proj).astype(mx.float32)
 
 
-def streaming_bd_index(p: EncoderParams, T: int) -> mx.array:
-    """Column of `pos_t` for query i (absolute Lc + i) and key j: distance Lc + i - j, minus d_min."""
-    Lc = p.cfg.left_context_frames
-    i = np.arange(T)[:, None]
-    j = np.arange(Lc + T)[None, :]
-    return mx.array((Lc + i - j - p.d_min).astype(np.int32)[None, None])
+def streaming_mask(
+    valid: mx.array, Lc: int, T: int, dtype: mx.Dtype, seen: mx.array | None = None
+) -> mx.array:
+    """(B, 1, 1, Lc + T) additive mask: the oldest Lc - valid cache slots hold no frame yet.
 
-
-def streaming_mask(valid: mx.array, Lc: int, T: int, dtype: mx.Dtype) -> mx.array:
-    """(B, 1, 1, Lc + T) additive mask: the oldest Lc - valid cache slots hold no frame yet."""
-    empty = mx.arange(Lc + T)[None, :] < (Lc - valid)[:, None]
-    return mx.where(empty, mx.array(-np.inf, dtype), mx.array(0, dtype))[:, None, None, :]
+    With `seen` (B, T), the new frames hold several chunks (a flush's padding): per query, `valid`
+    (B, T) cache slots and the first `seen` new frames are visible, (B, 1, T, Lc + T)."""
+    k = mx.arange(Lc + T)
+    if seen is None:
+        empty = k[None, :] < (Lc - valid)[:, None]
+        return mx.where(empty, mx.array(-np.inf, dtype), mx.array(0, dtype))[:, None, None, :]
+    ok = (k[None, None, :] >= (Lc - valid)[:, :, None]) & (k[None, None, :] < Lc + seen[:, :, None])
+    return mx.where(ok, mx.array(0, dtype), mx.array(-np.inf, dtype))[:, None]
 
 
 def encoder_stack(
@@ -494,30 +478,22 @@ def encoder_stack(
     conv_cache: mx.array,
     valid: mx.array,
     prompt_ids: mx.array,
-    bd_index: mx.array,
+    seen: mx.array | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """All conformer layers plus the head for B rows of T frames (one streaming step).
 
     kv_cache (layers, B, Lc, 2D) and conv_cache (layers, B, K-1, D) are the rows' gathered caches.
+    `seen`: per-query visibility of rows holding several chunks (`streaming_mask`).
     Returns frames (B, T, J) float32, new K|V (layers, B, T, 2D) and new conv caches (layers, ...).
     """
     cfg = p.cfg
     T = x.shape[1]
-    mask = streaming_mask(valid, cfg.left_context_frames, T, x.dtype)
-    shift = p.t_max - 1 if p.lean else None
+    mask = streaming_mask(valid, cfg.left_context_frames, T, x.dtype, seen)
+    shift = p.t_max - 1  # d_max - Lc: query Lc + i and key j are Lc + i - j apart
     kv_out, conv_out = [], []
     for n, lp in enumerate(p.layers):
         x, kv_new, conv_new = conformer_layer(
-            x,
-            _layer(kv_cache, n),
-            _layer(conv_cache, n),
-            mask,
-            bd_index,
-            lp.pos_t,
-            lp,
-            cfg,
-            p.attention,
-            shift,
+            x, _layer(kv_cache, n), _layer(conv_cache, n), mask, lp.pos_rev, shift, lp, cfg
         )
         kv_out.append(kv_new)
         conv_out.append(conv_new)
@@ -543,11 +519,9 @@ def offline_forward(p: EncoderParams, mel: mx.array, lookahead: int, prompt_id: 
     diff = ci[:, None] - ci[None, :]
     allowed = (diff >= 0) & (diff <= left_chunks)
     mask = mx.array(np.where(allowed, 0.0, -np.inf).astype(np.float32)).astype(p.dtype)[None, None]
-    distances = np.arange(-(N - 1), N)
-    idx = (np.arange(N)[:, None] - np.arange(N)[None, :]) + (N - 1)
-    bd_index = mx.array(idx.astype(np.int32)[None, None])
+    distances = np.arange(N - 1, -N, -1)  # every query-key distance, largest first
     conv_cache = mx.zeros((1, cfg.conv_kernel_size - 1, cfg.hidden_size), dtype=p.dtype)
     for lp in p.layers:
-        pos_t = project_positions(lp.w_pos, distances, cfg.num_attention_heads, p.dtype)
-        x, _, _ = conformer_layer(x, None, conv_cache, mask, bd_index, pos_t, lp, cfg, p.attention)
+        pos_rev = project_positions(lp.w_pos, distances, cfg.num_attention_heads, p.dtype)
+        x, _, _ = conformer_layer(x, None, conv_cache, mask, pos_rev, N - 1, lp, cfg)
     return head(p, x, mx.array([prompt_id]))[0]

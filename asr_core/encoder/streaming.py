@@ -35,23 +35,26 @@ import numpy as np
 
 from asr_core.bundle import PRECISIONS, EncoderConfig
 from asr_core.encoder.geometry import chunk_frames, encoder_frames, first_chunk_frames
-from asr_core.encoder.layers import (
-    EncoderParams,
-    build_params,
-    encoder_stack,
-    offline_forward,
-    streaming_bd_index,
-    subsample,
-)
+from asr_core.encoder.layers import EncoderParams, build_params, encoder_stack, offline_forward, subsample
+from asr_core.quant import Linear
 
 
 @dataclass(frozen=True, slots=True)
 class ChunkInput:
-    """One stream's next chunk: `mel` (n, n_mels) float32 log-mel frames of slot `slot`."""
+    """One stream's next chunk: `mel` (n, n_mels) float32 log-mel frames of slot `slot`.
+
+    `flush`: a non-committing step: `mel` (the next chunk's size, or that plus whole later chunks)
+    is encoded as the stream's next chunks, each attending as in streaming (its own frames, those
+    before it), reading the slot's caches but writing none and not advancing the stream, so the
+    real chunks that later cover the same audio encode exactly as if the flush had never happened.
+    The engine flushes the pending partial chunk, padded with silence, when the caller stopped
+    speaking. An empty flush is a no-op.
+    """
 
     slot: int
     mel: np.ndarray
     is_last: bool = False
+    flush: bool = False
 
 
 @dataclass(slots=True)
@@ -72,14 +75,7 @@ class _Row:
     first: bool
     last: bool
     T: int
-
-
-# The attention layout a GPU gets when the caller does not choose (StreamingEncoder's `attention`
-# and `lean`): the first layout until an H200 run shows a variant is faster at every batch size
-# (`python3 -m tools.bench.gpu_encoder --quick`, docs/benchmarks.md). Every choice gives the same
-# frames within float rounding; the CPU always gets "explicit", not lean.
-GPU_ATTENTION = "explicit"
-GPU_LEAN = False
+    flush: bool = False
 
 
 class StreamingEncoder:
@@ -87,37 +83,30 @@ class StreamingEncoder:
 
     def __init__(
         self,
-        weights: Mapping[str, mx.array],
+        weights: Mapping[str, Linear],
         cfg: EncoderConfig,
         dtype: str | mx.Dtype = "f32",
         *,
         capacity: int = 8,
         compile: bool | None = None,
-        attention: str | None = None,
-        fused_queries: bool | None = None,
         pad_batches: bool | None = None,
-        lean: bool | None = None,
+        unpack: bool | None = None,
     ) -> None:
         """Defaults depend on the device.
 
         `compile` (None: on a GPU only): mx.compile the step, which fuses elementwise chains but, on
         the CPU, costs a C++ compile per new shape and saves little next to the weight-streaming
-        matmuls. `attention` (None: GPU_ATTENTION on a GPU, else "explicit"): "explicit" (matmul,
-        softmax, matmul) or "sdpa" (mx.fast's fused attention). `fused_queries` (None: on a GPU
-        without `lean`): one matmul yields both biased queries (fewer kernels, 4 % more weight
-        bytes). `pad_batches` (None: when compiled): pad each call's rows to a few bucket sizes so a
-        varying batch does not trace anew. `lean` (None: GPU_LEAN on a GPU, else False): streaming
-        attention in head-major layouts with no hidden copies and no gather (layers._lean_attention;
-        unfused queries). Every option gives the same frames within float rounding."""
+        matmuls. `pad_batches` (None: when compiled): pad each call's rows to a few bucket sizes so a
+        varying batch does not trace anew. `unpack` (None: on the CPU only): dequantize packed
+        weights once instead of multiplying with the packed codes; MLX's CPU quantized matmul is not
+        BLAS-backed (docs/quantization.md: a full-size step at B=1 took 3x as long packed as dense),
+        while a GPU keeps the codes packed (the point of them: fewer bytes to hold and to read).
+        Every option gives the same frames within float rounding."""
         on_gpu = mx.default_device() == mx.gpu
         self.cfg = cfg
         self.dtype: mx.Dtype = PRECISIONS[dtype] if isinstance(dtype, str) else dtype
-        if attention is None:
-            attention = GPU_ATTENTION if on_gpu else "explicit"
-        if lean is None:
-            lean = GPU_LEAN and on_gpu
-        fused = (on_gpu and not lean) if fused_queries is None else fused_queries
-        self.params: EncoderParams = build_params(weights, cfg, self.dtype, attention, fused, lean)
+        self.unpacked = not on_gpu if unpack is None else unpack
+        self.params: EncoderParams = build_params(weights, cfg, self.dtype, self.unpacked)
         self.compiled = on_gpu if compile is None else compile
         self.pad_batches = self.compiled if pad_batches is None else pad_batches
         self._Lc = cfg.left_context_frames
@@ -126,7 +115,7 @@ class StreamingEncoder:
         self._capacity = 0
         self._pending: list[tuple[int, mx.array, mx.array]] = []  # (pool id, row indices, values)
         self._sub_fns: dict[tuple[bool, bool], Callable[..., tuple[mx.array, ...]]] = {}
-        self._stack_fns: dict[int, Callable[..., tuple[mx.array, ...]]] = {}
+        self._stack_fns: dict[tuple[int, bool], Callable[..., tuple[mx.array, ...]]] = {}
         self._sizes: dict[tuple[int, bool], int] = {}  # (lookahead, first) -> mel frames
         self._frames: dict[tuple[int, bool, bool], int] = {}  # (mel frames, first, last) -> T
         D, L, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.conv_kernel_size
@@ -209,7 +198,7 @@ class StreamingEncoder:
             if r.T == 0:
                 outputs[r.index] = np.zeros((0, J), dtype=np.float32)
 
-        by_t: dict[int, list[tuple[list[_Row], mx.array]]] = {}
+        by_t: dict[tuple[int, bool], list[tuple[list[_Row], mx.array]]] = {}
         for key, group in _group(planned, lambda r: (r.mel.shape[0], r.first, r.last)).items():
             n, first, last = key
             if n == 0:
@@ -221,27 +210,42 @@ class StreamingEncoder:
             slots[:B] = [1 + r.slot for r in group]
             slots_mx = mx.array(slots)
             x, *stage_rows = self._sub_fn(first, last)(mx.array(mel), slots_mx, *self._pools[2:])
-            if not last:
-                idx = slots_mx[:B] if Bp > B else slots_mx
+            keep = [k for k, r in enumerate(group) if not r.flush]  # flush rows write no cache
+            if not last and len(keep) == Bp:
+                self._pending += [(2 + i, slots_mx, row) for i, row in enumerate(stage_rows)]
+            elif not last and keep:
+                idx = mx.array(keep, dtype=mx.int32)
                 self._pending += [
-                    (2 + i, idx, row[:B] if Bp > B else row) for i, row in enumerate(stage_rows)
+                    (2 + i, slots_mx[idx], mx.take(row, idx, axis=0)) for i, row in enumerate(stage_rows)
                 ]
-            by_t.setdefault(group[0].T, []).append((group, x[:B] if Bp > B else x))
+            xb = x[:B] if Bp > B else x
+            for multi in (False, True):  # rows of several chunks (flush padding) get their own mask
+                part = [k for k, r in enumerate(group) if (r.stream.lookahead + 1 < r.T) is multi]
+                if part:
+                    rows_x = xb if len(part) == B else mx.take(xb, mx.array(part, dtype=mx.int32), axis=0)
+                    by_t.setdefault((group[0].T, multi), []).append(([group[k] for k in part], rows_x))
 
         results: list[tuple[list[_Row], mx.array]] = []
-        for T, parts in by_t.items():
+        for (T, multi), parts in by_t.items():
             group = [r for g, _ in parts for r in g]
             B, Bp = len(group), self._bucket(len(group))
             xs = [xp for _, xp in parts]
             if Bp > B:
                 xs.append(mx.zeros((Bp - B, T, self.cfg.hidden_size), dtype=self.dtype))
             x = xs[0] if len(xs) == 1 else mx.concatenate(xs)
-            meta = self._stack_meta(group, T, Bp)
-            frames, kv_new, conv_new = self._stack_fn(T)(x, self._pools[0], self._pools[1], *meta[:4])
+            meta = self._stack_meta(group, T, Bp, multi)
+            frames, kv_new, conv_new = self._stack_fn(T, multi)(
+                x, self._pools[0], self._pools[1], *meta[:4], *meta[6:]
+            )
             if Bp > B:
                 frames, kv_new, conv_new = frames[:B], kv_new[:, :B], conv_new[:, :B]
-            self._pending.append((0, meta[4], kv_new.flatten(1, 2)))
-            self._pending.append((1, meta[5], conv_new))
+            keep = [k for k, r in enumerate(group) if not r.flush]
+            if keep:
+                if len(keep) < B:  # flush rows write no cache
+                    idx = mx.array(keep, dtype=mx.int32)
+                    kv_new, conv_new = mx.take(kv_new, idx, axis=1), mx.take(conv_new, idx, axis=1)
+                self._pending.append((0, meta[4], kv_new.flatten(1, 2)))
+                self._pending.append((1, meta[5], conv_new))
             results.append((group, frames))
 
         if dot_path is not None:
@@ -252,6 +256,8 @@ class StreamingEncoder:
             for k, r in enumerate(group):
                 outputs[r.index] = host[k]
         for r in planned:
+            if r.flush:
+                continue
             r.stream.frames += r.T
             r.stream.chunks += 1
             r.stream.finished = r.last
@@ -274,12 +280,16 @@ class StreamingEncoder:
             first = stream.chunks == 0
             n = mel.shape[0]
             want = self._chunk_size(stream.lookahead, first)
-            if n != want and not (row.is_last and n < want):
-                which = "first" if first else "later"
+            which = "first" if first else "later"
+            if row.flush:
+                later = self._chunk_size(stream.lookahead, False)
+                if row.is_last or (n and (n < want or (n - want) % later)):
+                    raise ValueError(f"slot {row.slot}: a flush is {want} + k * {later} mel frames, got {n}")
+            elif n != want and not (row.is_last and n < want):
                 raise ValueError(f"slot {row.slot}: {which} chunk of {n} mel frames, expected {want}")
-            planned.append(
-                _Row(i, row.slot, stream, mel, first, row.is_last, self._frames_out(n, first, row.is_last))
-            )
+            last = row.is_last
+            T = self._frames_out(n, first, last)
+            planned.append(_Row(i, row.slot, stream, mel, first, last, T, row.flush))
         if len({r.slot for r in planned}) != len(planned):
             dup = next(s for s, n in Counter(r.slot for r in planned).items() if n > 1)
             raise ValueError(f"slot {dup} appears twice in one step")
@@ -301,9 +311,9 @@ class StreamingEncoder:
             T = self._frames[(n, first, last)] = encoder_frames(n, first, last, stages) if n else 0
         return T
 
-    def _stack_meta(self, group: list[_Row], T: int, padded: int) -> list[mx.array]:
+    def _stack_meta(self, group: list[_Row], T: int, padded: int, multi: bool = False) -> list[mx.array]:
         """Per-row indices of one stack call (gathers, valid counts, prompts; `padded` rows, the
-        padding reading only the zero row), then the write indices of the real rows."""
+        padding reading only the zero row), then the write indices of the real committing rows."""
         Lc, B = self._Lc, len(group)
         slot = np.fromiter((r.slot for r in group), np.int64, B)
         a0 = np.fromiter((r.stream.frames for r in group), np.int64, B)  # frames written so far
@@ -323,13 +333,29 @@ class StreamingEncoder:
         prompt = np.zeros(padded, np.int32)
         prompt[:B] = np.fromiter((r.stream.prompt_id for r in group), np.int32, B)
         kv_write = ring + (a0[:, None] + np.arange(T)[None, :]) % Lc
+        commit = np.fromiter((not r.flush for r in group), bool, B)  # flush rows write nothing
+        kv_write, slot = kv_write[commit], slot[commit]
+        extra: list[mx.array] = []
+        valid_q = valid
+        if multi:
+            # Query i sits in chunk i // chunk: it sees the new frames up to its chunk's end and the
+            # cached frames its chunk's left context reaches (chunked_limited, as chunk by chunk).
+            ci = np.arange(T)[None, :] // chunk[:, None]
+            start = a0[:, None] + ci * chunk[:, None]
+            lo = np.maximum(0, start - (Lc // chunk)[:, None] * chunk[:, None])
+            valid_q = np.zeros((padded, T), np.int32)
+            valid_q[:B] = np.clip(a0[:, None] - lo, 0, Lc)
+            seen = np.full((padded, T), T, np.int32)
+            seen[:B] = (ci + 1) * chunk[:, None]
+            extra = [mx.array(seen)]
         return [
             mx.array(kv_idx),
             mx.array(conv_idx),
-            mx.array(valid),
+            mx.array(valid_q if multi else valid),
             mx.array(prompt),
             mx.array(kv_write.reshape(-1).astype(np.int32)),
             mx.array((1 + slot).astype(np.int32)),
+            *extra,
         ]
 
     def _bucket(self, B: int) -> int:
@@ -353,29 +379,34 @@ class StreamingEncoder:
             self._sub_fns[key] = fn
         return fn
 
-    def _stack_fn(self, T: int) -> Callable[..., tuple[mx.array, ...]]:
-        fn = self._stack_fns.get(T)
+    def _stack_fn(self, T: int, multi: bool = False) -> Callable[..., tuple[mx.array, ...]]:
+        fn = self._stack_fns.get((T, multi))
         if fn is None:
-            fn = partial(_stack_step, self.params, streaming_bd_index(self.params, T))
+            fn = partial(_stack_step, self.params)
             if self.compiled:
                 fn = mx.compile(fn)
-            self._stack_fns[T] = fn
+            self._stack_fns[(T, multi)] = fn
         return fn
 
     def warmup(self, lookahead: int, max_batch: int) -> int:
-        """Trace the compiled step for every batch bucket up to `max_batch` (first and later chunks)
-        so that no live step pays for it; returns the number of buckets. A no-op when not compiled.
-        Short final chunks still trace on first use (one per length and bucket; they are rare)."""
+        """Trace the compiled step for every batch bucket up to `max_batch` (first and later chunks,
+        and their flushes) so that no live step pays for it; returns the number of buckets. A no-op
+        when not compiled. Short final chunks still trace on first use (one per length and bucket;
+        they are rare)."""
         if not self.compiled:
             return 0
         buckets = sorted({self._bucket(b) for b in range(1, max_batch + 1)})
         n_mels = self.cfg.n_mels
+        # A flush is the next chunk and one more, where the position tables reach (model.py).
+        extra = 1 if 2 * (lookahead + 1) <= self.params.t_max else 0
         for B in buckets:
             slots = [self.alloc(0, lookahead) for _ in range(B)]
             try:
                 for first in (True, False):
-                    mel = np.zeros((self._chunk_size(lookahead, first), n_mels), np.float32)
-                    self.step([ChunkInput(s, mel) for s in slots])
+                    size = self._chunk_size(lookahead, first)
+                    flush = np.zeros((size + extra * self._chunk_size(lookahead, False), n_mels), np.float32)
+                    self.step([ChunkInput(s, flush, flush=True) for s in slots])
+                    self.step([ChunkInput(s, np.zeros((size, n_mels), np.float32)) for s in slots])
             finally:
                 for s in slots:
                     self.release(s)
@@ -404,7 +435,6 @@ def _subsample_step(
 
 def _stack_step(
     params: EncoderParams,
-    bd_index: mx.array,
     x: mx.array,
     kv_pool: mx.array,
     conv_pool: mx.array,
@@ -412,10 +442,11 @@ def _stack_step(
     conv_idx: mx.array,
     valid: mx.array,
     prompt: mx.array,
+    seen: mx.array | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     kv_cache = _take_rows(kv_pool, kv_idx)  # (layers, B, Lc, 2D), oldest first
     conv_cache = _take_rows(conv_pool, conv_idx)  # (layers, B, K-1, D)
-    return encoder_stack(params, x, kv_cache, conv_cache, valid, prompt, bd_index)
+    return encoder_stack(params, x, kv_cache, conv_cache, valid, prompt, seen)
 
 
 def _take_rows(pool: mx.array, idx: mx.array) -> mx.array:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway import metrics
-from gateway.audio.media import (
+from gateway.rtp.media import (
     PENDING_PLAN,
     AudioBlock,
     DtmfDigit,
@@ -41,14 +41,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CallMedia", "MediaManager", "PortsExhausted", "advertised_address", "media_config"]
+__all__ = ["CallMedia", "MediaManager", "PortsExhausted", "media_config"]
 
 METRICS_PERIOD_S = 1.0
 BIND_ATTEMPTS = 32  # pairs tried when ports of the range are taken by other processes
-# At close, at most this many queued datagrams per socket are read: more than a default receive buffer
-# holds, and a bound on the time a flood can keep the loop.
-DRAIN_MAX = 1024
-DATAGRAM_MAX = 65535
 # Receive buffer asked for each socket: the kernel's default (208 KiB) holds 256 packets of 20 ms G.711,
 # ~5 s of a call, so a loop that far behind (a starved CPU) lost RTP in the kernel. The kernel caps the
 # request at net.core.rmem_max and doubles it: 416 KiB (~10 s) on a stock Linux, 2 MiB where allowed.
@@ -69,27 +65,9 @@ def media_config(rtp: RtpSettings) -> MediaConfig:
     )
 
 
-def advertised_address(settings: Settings, local_ip: str | None = None) -> str:
-    """The address our SDP puts in c=/o= (separate from the bind address, for NAT and containers).
-
-    First of: TTG_RTP__ADVERTISED_HOST, TTG_SIP__ADVERTISED_HOST, the RTP bind address when it is a
-    concrete one, `local_ip` (the local address the INVITE arrived on). Never a wildcard: c=0.0.0.0 tells
-    the peer to put the call on hold (RFC 3264 §8.4).
-    """
-    for candidate in (
-        settings.rtp.advertised_host,
-        settings.sip.advertised_host,
-        settings.rtp.host,
-        local_ip,
-    ):
-        if candidate and candidate not in _WILDCARDS:
-            return candidate
-    raise ValueError(
-        "no address to advertise: set TTG_RTP__ADVERTISED_HOST (the RTP bind address is a wildcard)"
-    )
-
-
-_WILDCARDS = frozenset({"0.0.0.0", "::", "0:0:0:0:0:0:0:0", ""})
+# Datagrams read from a socket at close, at most (60 s of 20 ms packets), and their largest size.
+MAX_PENDING_AT_CLOSE = 3000
+MAX_DATAGRAM = 65535
 
 
 class _Protocol(asyncio.DatagramProtocol):
@@ -231,14 +209,14 @@ class CallMedia:
         self._loop = loop
         self._core = MediaCore(plan, manager.config, loop.time())
         self._transports: list[asyncio.DatagramTransport] = []
-        self._sockets: tuple[socket.socket, ...] = ()
+        self._sockets: tuple[socket.socket, ...] = ()  # (RTP, RTCP): read dry at close
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._metrics_at = loop.time() + METRICS_PERIOD_S
         self._published: dict[str, int] = {}
         self._final: MediaStats | None = None
 
-    # --- API for the session ---------------------------------------------------------------------
+    # --- API for the leg that owns it -------------------------------------------------------------
 
     @property
     def plan(self) -> MediaPlan:
@@ -262,7 +240,7 @@ class CallMedia:
         """Flush the last audio, DTMF and resampler tail into the sink; free the ports. Idempotent."""
         if self._final is not None:
             return self._final
-        self._drain()
+        self._read_pending()
         now = self._loop.time()
         events = self._core.close(now)
         if self._timer is not None:
@@ -298,15 +276,15 @@ class CallMedia:
         self._sockets = sockets
         self._schedule()
 
-    def _drain(self) -> None:
-        """Receive what the kernel still holds for this stream. The loop reads a socket one datagram
-        per turn, so it can serve the hang-up (a BYE on the SIP socket) while packets the caller sent
-        before it still wait here; closing the socket would drop them from the call."""
+    def _read_pending(self) -> None:
+        """Take what the kernel holds for the sockets before closing them: the event loop may handle
+        the BYE before the datagrams that arrived ahead of it (it serves ready sockets in any order),
+        and closing would throw the call's last packets away. Bounded: a flood cannot hold the close."""
         for sock, rtcp in zip(self._sockets, (False, True), strict=False):
-            for _ in range(DRAIN_MAX):
+            for _ in range(MAX_PENDING_AT_CLOSE):
                 try:
-                    data, addr = sock.recvfrom(DATAGRAM_MAX)
-                except OSError:  # BlockingIOError: nothing left
+                    data, addr = sock.recvfrom(MAX_DATAGRAM)
+                except OSError:  # BlockingIOError: nothing left; or the socket is gone
                     break
                 self._datagram(data, addr, rtcp)
 

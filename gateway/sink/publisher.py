@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -29,6 +29,9 @@ from gateway.metrics import PrometheusSinkHooks
 from gateway.sink.core import BatchOutcome, Probe, SendBatch, SinkConfig, SinkCore
 from gateway.sink.script import LUA_APPLY_BATCH, StreamLayout, batch_call, parse_outcome
 from gateway.sink.spool import Spool
+
+if TYPE_CHECKING:
+    from gateway.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +130,7 @@ class RedisSink:
 
     @classmethod
     def from_settings(
-        cls, settings: Any, on_degraded: Callable[[bool], None] | None = None, metrics: bool = True
+        cls, settings: Settings, on_degraded: Callable[[bool], None] | None = None, metrics: bool = True
     ) -> RedisSink:
         """From gateway.config.Settings (its redis and sink sections)."""
         r, s = settings.redis, settings.sink

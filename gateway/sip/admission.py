@@ -8,6 +8,12 @@ Decisions are SIP answers:
   what SIP overload control builds on (RFC 7339); a proxy in front retries another gateway.
   Silence (dropping) would make callers retransmit for 32 s and look like a hang.
 
+Overload (`OverloadGuard`, fed with the ASR engine's measured lag): once the engine has run further
+behind than `max_lag_s` for two seconds (the time from a chunk's audio arriving to its decoding, the
+largest over the last second or two), new INVITEs get 503 with a Retry-After of twice the lag (1-60 s),
+until the lag is back under half the bound. Calls already admitted keep their audio: the point is to
+stop adding load before the engine's queues start dropping chunks of calls in progress.
+
 The rate limit is a token bucket per source IP (`invite_rate_per_s` sustained, `invite_burst` deep);
 idle buckets are forgotten so the table stays bounded under a spoofed-source flood.
 """
@@ -47,6 +53,40 @@ class Decision:
 ADMIT = Decision(0)
 
 
+class OverloadGuard:
+    """Whether the engine is too far behind to take new calls: on once the lag stayed above
+    `max_lag_s` for `hold_s` (a one-off stall is not overload), off once it is below half of it.
+    `max_lag_s` 0 disables it."""
+
+    def __init__(self, max_lag_s: float, hold_s: float = 2.0) -> None:
+        self.max_lag_s = max_lag_s
+        self.hold_s = hold_s
+        self.overloaded = False
+        self.lag_s = 0.0
+        self._above_since: float | None = None
+
+    def update(self, lag_s: float, now: float) -> bool:
+        """The engine's latest lag; True when `overloaded` changed."""
+        self.lag_s = lag_s
+        was = self.overloaded
+        if self.max_lag_s <= 0:
+            self.overloaded = False
+        elif lag_s > self.max_lag_s:
+            if self._above_since is None:
+                self._above_since = now
+            if now - self._above_since >= self.hold_s:
+                self.overloaded = True
+        else:
+            self._above_since = None
+            if lag_s < self.max_lag_s / 2:
+                self.overloaded = False
+        return was != self.overloaded
+
+    @property
+    def retry_after_s(self) -> int:
+        return max(1, min(60, math.ceil(2 * self.lag_s)))
+
+
 class Admission:
     def __init__(self, config: AdmissionConfig) -> None:
         self.config = config
@@ -55,6 +95,7 @@ class Admission:
         )
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # ip -> (tokens, at)
         self.draining = False
+        self.overload: OverloadGuard | None = None  # set by whoever watches the engine
 
     def source_allowed(self, ip: str) -> bool:
         try:
@@ -72,6 +113,8 @@ class Admission:
             return Decision(503, "Draining", cfg.retry_after_s, "rejected_draining")
         if active_calls >= cfg.max_calls:
             return Decision(503, "Too Many Calls", cfg.retry_after_s, "rejected_capacity")
+        if self.overload is not None and self.overload.overloaded:
+            return Decision(503, "Transcription Overloaded", self.overload.retry_after_s, "rejected_overload")
         if cfg.invite_rate_per_s > 0:
             wait = self._take_token(ip, now)
             if wait > 0:

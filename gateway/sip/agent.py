@@ -75,6 +75,10 @@ KNOWN_METHODS = frozenset(
 # Method labels of ttg_sip_requests_total (bounded; the rest count as "other").
 METRIC_METHODS = frozenset({*ALLOWED_METHODS, "INFO", "UPDATE", "PRACK", "REGISTER"})
 SUPPORTED_SCHEMES = ("sip", "sips", "tel")
+SIPREC_TAGS = frozenset({"siprec"})
+# A SIPREC offer: SDP + rs-metadata in one multipart/mixed body; a metadata-only update (RFC 7866).
+RECORDING_BODY_TYPES = ("multipart/mixed", "application/rs-metadata+xml", "application/rs-metadata")
+SRS_FEATURE_TAG = "+sip.srs"  # RFC 7866: the SRS marks its Contact (RFC 3840 feature tag)
 
 REASON_PHRASES = {
     100: "Trying",
@@ -220,6 +224,19 @@ class AgentConfig:
     # Server transactions live up to 64*T1 after their answer; beyond this many (a request flood) new
     # requests get a stateless 503 instead of more state.
     max_transactions: int = 50_000
+    # SIPREC recording sessions (RFC 7866): the `siprec` option tag is supported and INVITE bodies may
+    # be multipart/mixed (SDP + recording metadata). Off: `Require: siprec` gets 420, multipart 415.
+    siprec: bool = False
+
+    @property
+    def option_tags(self) -> frozenset[str]:
+        """The SIP extensions this agent supports (RFC 3261 §8.2.2.3, §20.37)."""
+        return SIPREC_TAGS if self.siprec else frozenset()
+
+    @property
+    def body_types(self) -> tuple[str, ...]:
+        """The INVITE body types accepted (RFC 3261 §8.2.3): the Accept header of a 415 and of OPTIONS."""
+        return ("application/sdp", *RECORDING_BODY_TYPES) if self.siprec else ("application/sdp",)
 
 
 @dataclass(slots=True)
@@ -264,6 +281,8 @@ class _Call:
     bye_reason: str | None = None
     bye_branch: str | None = None
     contact_host: str | None = None
+    recording: bool = False  # a SIPREC recording session (our 2xx say so)
+    streams: int = 1  # audio streams (legs) the call carries: what it counts against max_calls
 
 
 class UserAgent:
@@ -288,8 +307,20 @@ class UserAgent:
 
     @property
     def active_calls(self) -> int:
-        """Calls that count against max_calls: offered, answered or confirmed (not ending)."""
+        """Calls offered, answered or confirmed (not ending)."""
         return sum(1 for c in self._calls.values() if c.phase is not CallPhase.ENDING)
+
+    @property
+    def active_streams(self) -> int:
+        """The audio streams of those calls: what `max_calls` limits (a two-leg SIPREC call counts 2;
+        a call counts 1 until `set_streams` says more)."""
+        return sum(c.streams for c in self._calls.values() if c.phase is not CallPhase.ENDING)
+
+    def set_streams(self, call_ref: str, streams: int) -> None:
+        """How many audio streams a call carries, once its offer is negotiated (or re-negotiated)."""
+        call = self._calls.get(call_ref)
+        if call is not None:
+            call.streams = max(1, streams)
 
     def has_call(self, call_ref: str) -> bool:
         return call_ref in self._calls
@@ -427,25 +458,27 @@ class UserAgent:
             if status in (415, 488, 406):
                 self.counters.calls["rejected_codec"] += 1
             return self._respond(key, status, now, headers=headers, warning=warning)
-        decision = self.admission.admit_invite(entry.flow.remote[0], self.active_calls, now)
+        decision = self.admission.admit_invite(entry.flow.remote[0], self.active_streams, now)
         if not decision.admitted:
             return self._refuse(key, decision, now)
         return self._offer(req, key, entry, now)
 
     def _unsupported(self, req: SipRequest, key: tuple[str, ...], now: float) -> list[Effect]:
-        """§8.2.2.3 Require: this gateway supports no extension, so any option tag gets 420."""
+        """§8.2.2.3 Require: an option tag the gateway does not support (any but `siprec`) gets 420."""
         required = tokens_list(req.headers.get_all("Require"))
-        if not required:
+        unknown = [tag for tag in required if tag not in self.config.option_tags]
+        if not unknown:
             return []
-        return self._respond(key, 420, now, headers=[("Unsupported", ", ".join(required))])
+        return self._respond(key, 420, now, headers=[("Unsupported", ", ".join(unknown))])
 
     def _check_offer(self, req: SipRequest) -> tuple[int, list[tuple[str, str]], str | None] | None:
-        """§8.2.3 content processing of an INVITE (or re-INVITE)."""
-        accept_sdp = [("Accept", "application/sdp")]
+        """§8.2.3 content processing of an INVITE (or re-INVITE). What is inside the body (SDP, the
+        parts of a SIPREC body) is the application's to judge."""
+        accept_sdp = [("Accept", ", ".join(self.config.body_types))]
         encoding = req.headers.get("Content-Encoding")
         if encoding is not None and encoding.strip().lower() not in ("", "identity"):
             return 415, [("Accept-Encoding", "identity"), *accept_sdp], None
-        if req.body and req.content_type != "application/sdp":
+        if req.body and req.content_type not in self.config.body_types:
             return 415, accept_sdp, None
         accepts = [a.split(";", 1)[0].strip().lower() for a in req.headers.values("Accept")]
         if "Accept" in req.headers and not {"application/sdp", "application/*", "*/*"} & set(accepts):
@@ -595,11 +628,21 @@ class UserAgent:
         return self._respond(call.invite_key, 180, now, to_tag=call.local_tag)
 
     def answer(
-        self, call_ref: str, sdp: bytes, now: float, *, contact_host: str | None = None
+        self,
+        call_ref: str,
+        sdp: bytes,
+        now: float,
+        *,
+        contact_host: str | None = None,
+        recording: bool = False,
     ) -> list[Effect]:
         """200 OK with our SDP answer; retransmitted until the ACK (§13.3.1.4). [] if the call is gone.
 
         `contact_host` overrides the configured host in Contact (the address the peer reached us on).
+        `recording`: the call is a SIPREC recording session, so this and every later 2xx of the dialog
+        marks our Contact `+sip.srs` and, when the SRC listed `siprec` in Require or Supported, carries
+        `Require: siprec` (RFC 7866; RFC 3261 §8.2.2.3: an extension applied to a response is listed
+        in its Require, and only one the request named).
         """
         call = self._calls.get(call_ref)
         if call is None or call.phase is not CallPhase.OFFERED:
@@ -611,6 +654,7 @@ class UserAgent:
         call.phase = CallPhase.ANSWERED
         self.counters.calls["admitted"] += 1
         call.contact_host = contact_host
+        call.recording = recording and self.config.siprec
         return self._answer_2xx(call, call.invite_key, sdp, now)
 
     def reject(
@@ -754,9 +798,19 @@ class UserAgent:
         self._dialogs[call.dialog.id] = call.ref
 
     def _answer_2xx(self, call: _Call, key: tuple[str, ...], sdp: bytes, now: float) -> list[Effect]:
+        contact = self._contact(call.flow, call.contact_host)
+        extensions: list[tuple[str, str]] = []
+        if call.recording:
+            contact += f";{SRS_FEATURE_TAG}"
+            named = tokens_list(
+                [*call.invite.headers.get_all("Require"), *call.invite.headers.get_all("Supported")]
+            )
+            if SIPREC_TAGS & set(named):
+                extensions.append(("Require", ", ".join(sorted(SIPREC_TAGS))))
         headers = [
-            ("Contact", self._contact(call.flow, call.contact_host)),
+            ("Contact", contact),
             *self._capabilities(accept=False),
+            *extensions,
             ("Content-Type", "application/sdp"),
         ]
         effects = self._respond(key, 200, now, to_tag=call.local_tag, headers=headers, body=sdp)
@@ -816,8 +870,8 @@ class UserAgent:
     def _capabilities(self, accept: bool = True) -> list[tuple[str, str]]:
         headers = [("Allow", ", ".join(ALLOWED_METHODS))]
         if accept:
-            headers.append(("Accept", "application/sdp"))
-        headers.append(("Supported", ""))
+            headers.append(("Accept", ", ".join(self.config.body_types)))
+        headers.append(("Supported", ", ".join(sorted(self.config.option_tags))))
         return headers
 
     def _contact(self, flow: Flow, host: str | None = None) -> str:

@@ -3,7 +3,7 @@
 It feeds `UserAgent` with datagrams and framed stream messages, writes the `Send` effects, hands
 call events to the application (`SipApplication.on_sip_event`) and re-arms one `loop.call_at` for the
 core's next deadline. The application acts through the same adapter (`answer`, `reject`, `hangup` ...)
-so every effect is carried out in one place.
+so every effect is carried out in one place, in order, from one queue (never re-entering the app).
 
 TCP (RFC 3261 §18.3): messages are framed by Content-Length (`StreamFramer`); a stream that cannot be
 framed any more is closed. CRLFCRLF keep-alives get a CRLF pong (RFC 5626 §4.4.1). A response or BYE
@@ -17,6 +17,7 @@ import contextlib
 import errno
 import itertools
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
@@ -123,6 +124,8 @@ class SipEndpoint:
         self._timer_at: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._pending: deque[Effect] = deque()
+        self._executing = False
 
     # --- lifecycle ---
 
@@ -215,8 +218,12 @@ class SipEndpoint:
     def ring(self, call_ref: str) -> None:
         self.execute(self.agent.ring(call_ref, self.now()))
 
-    def answer(self, call_ref: str, sdp: bytes, *, contact_host: str | None = None) -> None:
-        self.execute(self.agent.answer(call_ref, sdp, self.now(), contact_host=contact_host))
+    def answer(
+        self, call_ref: str, sdp: bytes, *, contact_host: str | None = None, recording: bool = False
+    ) -> None:
+        self.execute(
+            self.agent.answer(call_ref, sdp, self.now(), contact_host=contact_host, recording=recording)
+        )
 
     def reject(
         self, call_ref: str, status: int, *, warning: str | None = None, result: str = "failed"
@@ -238,14 +245,26 @@ class SipEndpoint:
     # --- effects ---
 
     def execute(self, effects: list[Effect]) -> None:
-        for effect in effects:
-            if isinstance(effect, Send):
-                self._send(effect)
-            else:
+        """Carry out the core's effects in order: write each `Send`, hand each call event to the
+        application. Effects of an action the application takes while handling an event (`answer`,
+        `hangup` ...) join the end of the queue and are carried out after that handler returns, so the
+        application is never re-entered and every effect keeps its place in line."""
+        self._pending.extend(effects)
+        if self._executing:
+            return
+        self._executing = True
+        try:
+            while self._pending:
+                effect = self._pending.popleft()
+                if isinstance(effect, Send):
+                    self._send(effect)
+                    continue
                 try:
                     self.app.on_sip_event(effect)
                 except Exception:
                     logger.exception("application failed on %s", type(effect).__name__)
+        finally:
+            self._executing = False
         self._flush_counters()
         self._rearm()
 

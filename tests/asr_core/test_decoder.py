@@ -72,7 +72,9 @@ def test_each_frame_emits_until_blank_and_state_only_moves_on_emissions() -> Non
     state = dec.new_state()
     assert net.decoder_calls == 1  # primed with blank once
     out = dec.decode(state, _script([0, 2, 2, 3]))
-    assert out == [Emission(0, 1), Emission(1, 1), Emission(2, 3)]
+    assert [(e.token, e.frame) for e in out] == [(0, 1), (1, 1), (2, 3)]
+    # each carries the softmax probability of its logit 1 against nine logits 0
+    assert all(e.prob == pytest.approx(np.e / (np.e + 9)) for e in out)
     assert net.decoder_calls == 1 + 3  # a blank never runs the prediction network
     assert state.frames == 4 and float(state.g[0]) == 3
 
@@ -400,5 +402,89 @@ def test_numpy_and_mlx_nets_decode_the_tokens_of_onnxruntime(
         dec = BatchedGreedyDecoder(net, TINY.blank_id)
         states = dec.new_states(len(speech_frames))
         per_net.append([dec.decode(states, [f[a : a + 4] for f in speech_frames]) for a in range(0, 50, 4)])
-    assert per_net[0] == per_net[1] == per_net[2]
+    tokens = [[[(e.token, e.frame) for e in ems] for ems in step] for step in (s for n in per_net for s in n)]
+    n = len(per_net[0])
+    assert tokens[:n] == tokens[n : 2 * n] == tokens[2 * n :]
     assert any(any(ems) for step in per_net[0] for ems in step)
+    # the token probabilities agree across the three nets and are probabilities
+    probs = [[e.prob for step in net for ems in step for e in ems] for net in per_net]
+    np.testing.assert_allclose(probs[1], probs[0], atol=1e-4)
+    np.testing.assert_allclose(probs[2], probs[0], atol=1e-4)
+    assert all(0.0 < p <= 1.0 for p in probs[0])
+
+
+def test_device_decoder_gives_each_stream_its_per_stream_tokens_with_slots_coming_and_going(
+    graphs: RnntGraphs,
+) -> None:
+    from asr_core.decoder.device import DeviceDecoder
+
+    rng = np.random.default_rng(7)
+    n_streams, n_steps = 12, 10
+    single = GreedyDecoder(graphs, TINY.blank_id, max_symbols=3)
+    device = DeviceDecoder(graphs.weights(), TINY.blank_id, max_symbols=3, capacity=2)  # grows
+    # stream i lives from step i % 4 to i % 4 + 6 and sends chunks of 0..5 frames (scaled up so that
+    # frames trigger runs of tokens: max_symbols is reached)
+    plans = {
+        i: [3 * _frames(int(rng.integers(0, 6)), 50 * i + k) for k in range(6)] for i in range(n_streams)
+    }
+    want = {}
+    for i, chunks in plans.items():
+        st = single.new_state()
+        want[i] = [single.decode(st, ch) for ch in chunks]
+    got: dict[int, list[list[Emission]]] = {i: [] for i in plans}
+    slots: dict[int, int] = {}
+    for step in range(n_steps):
+        for i in list(slots):
+            if step - i % 4 >= 6:
+                device.release(slots.pop(i))  # its slot is reused by a later stream
+        due = [i for i in plans if 0 <= step - i % 4 < 6]
+        for i in due:
+            if i not in slots:
+                slots[i] = device.alloc()
+        out = device.decode([slots[i] for i in due], [plans[i][step - i % 4] for i in due])
+        for i, ems in zip(due, out, strict=True):
+            got[i].append(ems)
+    assert _ids(got) == _ids(want)
+    got_p = [e.prob for chunks in got.values() for ems in chunks for e in ems]
+    want_p = [e.prob for chunks in want.values() for ems in chunks for e in ems]
+    np.testing.assert_allclose(got_p, want_p, atol=1e-4)
+    emitted = [len(e) for chunks in want.values() for e in chunks]
+    assert sum(emitted) > 10 and max(emitted) > 5  # several tokens per frame in some chunks
+
+
+def _ids(by_stream: dict[int, list[list[Emission]]]) -> dict[int, list[list[tuple[int, int]]]]:
+    return {k: [[(e.token, e.frame) for e in ems] for ems in chunks] for k, chunks in by_stream.items()}
+
+
+def test_a_device_decode_that_does_not_commit_leaves_the_state_as_it_was(graphs: RnntGraphs) -> None:
+    from asr_core.decoder.device import DeviceDecoder
+
+    device = DeviceDecoder(graphs.weights(), TINY.blank_id, max_symbols=3)
+    a, b = device.alloc(), device.alloc()
+    first, probe, after = 3 * _frames(4, 1), 3 * _frames(4, 2), 3 * _frames(4, 3)
+    device.decode([a, b], [first, first])
+    tried = device.decode([a], [probe], [4], commit=False)  # what `a` would say: kept nowhere
+    assert device.decode([a], [probe], [4], commit=False) == tried  # (the same again: nothing moved)
+    # a and b heard the same frames; the probe of a did not move it: both decode `after` alike.
+    out_a, out_b = device.decode([a, b], [after, after], [4, 4])
+    assert [(e.token, e.frame) for e in out_a] == [(e.token, e.frame) for e in out_b]
+    single = GreedyDecoder(graphs, TINY.blank_id, max_symbols=3)
+    st = single.new_state()
+    single.decode(st, first)
+    assert [(e.token, e.frame) for e in out_a] == [(e.token, e.frame) for e in single.decode(st, after)]
+    assert out_a or tried[0]  # the frames are loud enough to emit
+
+
+def test_device_decoder_refuses_unknown_and_repeated_slots(graphs: RnntGraphs) -> None:
+    from asr_core.decoder.device import DeviceDecoder
+
+    device = DeviceDecoder(graphs.weights(), TINY.blank_id)
+    a = device.alloc()
+    with pytest.raises(ValueError, match="twice"):
+        device.decode([a, a], [_frames(2, 0), _frames(2, 1)])
+    with pytest.raises(ValueError, match="not allocated"):
+        device.decode([a + 1], [_frames(2, 0)])
+    device.release(a)
+    with pytest.raises(ValueError, match="not allocated"):
+        device.release(a)
+    assert device.decode([], []) == []

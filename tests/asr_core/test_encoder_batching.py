@@ -91,10 +91,8 @@ def run_schedule(enc: StreamingEncoder, streams: list[Stream], rng: np.random.Ge
     return step
 
 
-@pytest.mark.parametrize(
-    ("compiled", "lean"), [(False, False), (True, False), (True, True)], ids=["eager", "compiled", "lean"]
-)
-def test_batched_frames_equal_each_streams_solo_run(bundle: Bundle, compiled: bool, lean: bool) -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_batched_frames_equal_each_streams_solo_run(bundle: Bundle, compiled: bool) -> None:
     rng = np.random.default_rng(11 if compiled else 12)
     lookaheads = [0, 3, 6, 13] if not compiled else [3, 3, 0, 13]
     streams = []
@@ -112,7 +110,7 @@ def test_batched_frames_equal_each_streams_solo_run(bundle: Bundle, compiled: bo
                 empty_last=i == 2,
             )
         )
-    enc = make(bundle, capacity=2, compile=compiled, lean=lean)  # grows while streams join
+    enc = make(bundle, capacity=2, compile=compiled)  # grows while streams join
     run_schedule(enc, streams, rng)
     assert enc.capacity >= 4 and enc.n_active == 0
     reference = make(bundle)
@@ -200,31 +198,6 @@ def test_alloc_checks_prompt_and_lookahead(bundle: Bundle) -> None:
         enc.alloc(128, 3)
     with pytest.raises(ValueError, match="slot 5 is not allocated"):
         enc.release(5)
-
-
-@pytest.mark.parametrize(
-    "variant",
-    [
-        {"fused_queries": True},
-        {"attention": "sdpa"},
-        {"fused_queries": True, "attention": "sdpa", "compile": True},
-        {"lean": True},
-        {"lean": True, "attention": "sdpa", "compile": True},
-    ],
-)
-def test_gpu_kernel_layouts_give_the_same_frames(bundle: Bundle, variant: dict[str, object]) -> None:
-    # The GPU defaults (one matmul for both biased queries, fused attention, mx.compile) and the lean
-    # head-major attention (rel-shift as a strided view) are exact too.
-    rng = np.random.default_rng(21)
-    mels = [rng.standard_normal((n, 128), dtype=np.float32) for n in (300, 190)]
-    base, other = make(bundle), make(bundle, **variant)
-    for mel, r in zip(mels, (3, 13), strict=True):
-        np.testing.assert_allclose(solo(other, mel, r, 19), solo(base, mel, r, 19), atol=TOL, rtol=0)
-
-
-def test_lean_attention_refuses_the_fused_query_layout(bundle: Bundle) -> None:
-    with pytest.raises(ValueError, match="unfused"):
-        make(bundle, lean=True, fused_queries=True)
 
 
 def test_warmup_traces_every_batch_bucket_and_leaves_the_pool_empty(bundle: Bundle) -> None:

@@ -20,6 +20,7 @@ from asr_core.config import DecoderConfig, EndpointConfig, EngineConfig, Schedul
 from asr_core.engine import AsrEngine
 from asr_core.errors import EngineStoppedError, StreamClosedError
 from asr_core.transcript import Token
+from asr_core.vad import VadConfig
 
 HOP = 160
 VOCAB = ["▁a", "b", "▁c", "d", "▁e", "<en-US>"]
@@ -60,6 +61,14 @@ class FakeFrontEnd:
         rest = self._take(final=True)
         return full + rest, bool(rest)
 
+    def flush(self) -> tuple[np.ndarray, int]:
+        rest = self.frames[self.sent :]
+        if not self.frames:
+            return np.zeros((0, 4), np.float32), 0
+        need = (1 + 8 * self.r if self.sent == 0 else 8 * (self.r + 1)) + 8 * (self.r + 1)
+        padded = rest + [self.frames[-1]] * (need - len(rest))
+        return np.asarray(padded, np.float32)[:, None].repeat(4, 1), -(-len(rest) // 8)
+
 
 class FakeEncoder:
     """Per slot: a running sum that every chunk updates; frames = f(state, chunk) per 8 mel frames."""
@@ -90,7 +99,7 @@ class FakeEncoder:
         del self.slots[slot]
         self.free.append(slot)
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
         self.thread_names.add(threading.current_thread().name)
         self.batch_sizes.append(len(rows))
         if self.fail_on_step is not None and len(self.batch_sizes) >= self.fail_on_step:
@@ -100,10 +109,10 @@ class FakeEncoder:
         slots = [r[0] for r in rows]
         assert len(set(slots)) == len(slots), "a slot twice in one step"
         out = []
-        for slot, mel, is_last in rows:
-            st = self.slots[slot]
+        for slot, mel, is_last, flush in rows:
+            st = list(self.slots[slot]) if flush else self.slots[slot]  # a flush changes no state
             r = int(st[1])
-            n_out = -(-len(mel) // 8) if is_last or len(mel) < 8 * (r + 1) else r + 1
+            n_out = -(-len(mel) // 8) if is_last or flush or len(mel) < 8 * (r + 1) else r + 1
             if len(mel) == 1 + 8 * r and st[2] == 0.0:
                 n_out = r + 1
             frames = []
@@ -222,13 +231,14 @@ class Collector:
         return [t for e in self.finals for t in e.token_ids]
 
 
-def config(mode: str = "workers", workers: int = 2, **sched: Any) -> EngineConfig:
+def config(mode: str = "workers", workers: int = 2, vad: str = "webrtc", **sched: Any) -> EngineConfig:
     s = {"max_batch": 8, "max_wait_ms": 2.0, "max_queued_chunks": 1000}
     s.update(sched)
     return EngineConfig(
         scheduler=SchedulerConfig(**s),
         decoder=DecoderConfig(mode=mode, workers=workers),  # type: ignore[arg-type]
         endpoint=EndpointConfig(blank_ms=240, energy_db=-30.0, max_blank_ms=480, partial_interval_ms=0),
+        vad=VadConfig(kind=vad),  # type: ignore[arg-type]
     )
 
 
@@ -347,7 +357,7 @@ def test_close_ends_with_reason_closed_and_frees_the_slot() -> None:
 
 
 def test_shutdown_drains_open_streams_with_finals() -> None:
-    eng = AsrEngine(FakeModel(), config()).start()
+    eng = AsrEngine(FakeModel(), config(vad="off")).start()  # the last final: the end of stream
     cols = [Collector() for _ in range(4)]
     for i, c in enumerate(cols):
         eng.open_stream(f"s{i}", StreamOptions(), c).push(speechy(3.0, seed=i))
@@ -375,6 +385,9 @@ def test_overload_drops_are_counted_in_hooks_and_stream_ended() -> None:
             self.dropped.append(stream_id)
 
         def transcript(self, kind: str, latency_s: float) -> None:
+            pass
+
+        def time_to_final(self, seconds: float) -> None:
             pass
 
     hooks = Hooks()
@@ -447,6 +460,9 @@ def test_a_failing_callback_or_hook_does_not_stop_the_stream() -> None:
         def transcript(self, kind: str, latency_s: float) -> None:
             raise RuntimeError("metrics bug")
 
+        def time_to_final(self, seconds: float) -> None:
+            raise RuntimeError("metrics bug")
+
     seen: list[AsrEvent] = []
     done = threading.Event()
 
@@ -464,24 +480,6 @@ def test_a_failing_callback_or_hook_does_not_stop_the_stream() -> None:
         assert done.wait(10)
     assert isinstance(seen[-1], StreamEnded) and seen[-1].reason == "finished"
     assert any(isinstance(e, TranscriptEvent) and e.kind == "final" for e in seen)
-
-
-def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.config import Settings
-
-    monkeypatch.setenv("TTG_DECODER__MODE", "workers")
-    monkeypatch.setenv("NEMO_WORKERS", "5")
-    monkeypatch.setenv("NEMO_BATCH_MAX", "128")
-    monkeypatch.setenv("TTG_ENCODER__MAX_QUEUED_CHUNKS", "8")
-    monkeypatch.setenv("TTG_ASR__ENDPOINT_BLANK_MS", "600")
-    monkeypatch.setenv("TTG_ASR__PARTIALS", "false")
-    monkeypatch.setenv("TTG_ASR__LANGUAGE", "uk-UA")
-    cfg = EngineConfig.from_settings(Settings().model_dump())
-    assert (cfg.decoder.mode, cfg.decoder.workers) == ("workers", 5)
-    assert (cfg.scheduler.max_batch, cfg.scheduler.max_queued_chunks) == (128, 8)
-    assert (cfg.endpoint.blank_ms, cfg.endpoint.partials) == (600, False)
-    assert cfg.default_language == "uk-UA"
-    assert EngineConfig.from_settings({}) == EngineConfig()
 
 
 def test_engine_warms_the_encoder_up_on_its_mlx_thread_before_accepting_streams() -> None:

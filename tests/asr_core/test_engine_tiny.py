@@ -19,6 +19,7 @@ from asr_core.api import AsrEvent, StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import DecoderConfig, DecoderMode, EndpointConfig, EngineConfig, SchedulerConfig
 from asr_core.engine import AsrEngine
 from asr_core.model import AsrModel, EncoderBackend
+from asr_core.vad import VadConfig
 from tests.fixtures import peers
 from tools.bench.engine import synthetic_call
 
@@ -71,6 +72,7 @@ class RecordingModel:
         self.new_frontend = model.new_frontend
         self.new_decoder = model.new_decoder
         self.new_batch_decoder = model.new_batch_decoder
+        self.new_device_decoder = model.new_device_decoder
 
     def create_encoder(self) -> EncoderBackend:
         inner = self._model.create_encoder()
@@ -86,11 +88,12 @@ class RecordingModel:
             def release(self, slot: int) -> None:
                 inner.release(slot)
 
-            def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
+            def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
                 out = inner.step(rows)
                 batch_sizes.append(len(rows))
-                for (slot, _, _), frames in zip(rows, out, strict=True):
-                    current[slot].append(np.array(frames, copy=True))
+                for (slot, _, _, flush), frames in zip(rows, out, strict=True):
+                    if not flush:
+                        current[slot].append(np.array(frames, copy=True))
                 return out
 
         return Recorder()
@@ -115,7 +118,10 @@ def run_solo(engine: AsrEngine, audio: np.ndarray, options: StreamOptions, block
     return col
 
 
-def test_batched_streams_equal_their_solo_runs_in_tokens_and_frames(tiny_model: AsrModel) -> None:
+@pytest.mark.parametrize("mode", ["batched", "device"])
+def test_batched_streams_equal_their_solo_runs_in_tokens_and_frames(
+    tiny_model: AsrModel, mode: DecoderMode
+) -> None:
     """Streams joining and leaving mid-way, of different lengths, languages and lookaheads, pushed in
     different block sizes: each one's tokens and events equal its solo run, frames within 1e-5."""
     langs = ["en-US", "uk-UA", "auto", "de-DE"]
@@ -133,7 +139,7 @@ def test_batched_streams_equal_their_solo_runs_in_tokens_and_frames(tiny_model: 
 
     model = RecordingModel(tiny_model)
     cols = [Stream() for _ in audios]
-    with AsrEngine(model, config(mode="batched", max_queued_chunks=1000)) as eng:
+    with AsrEngine(model, config(mode=mode, max_queued_chunks=1000)) as eng:
         streams: list[Any] = [None] * len(audios)
         pos = [0] * len(audios)
         for rnd in range(10_000):
@@ -199,6 +205,9 @@ class CountingHooks:
     def transcript(self, kind: str, latency_s: float) -> None:
         pass
 
+    def time_to_final(self, seconds: float) -> None:
+        pass
+
 
 def test_64_concurrent_real_time_streams_match_solo_runs_without_drops(tiny_model: AsrModel) -> None:
     """64 calls paced at real time (100 ms blocks, starts staggered over one chunk), default queue
@@ -247,8 +256,9 @@ def _espeak(text: str, path: Path) -> np.ndarray:
 
 
 def test_finals_come_at_the_pauses_of_spoken_audio(tiny_model: AsrModel, tmp_path: Path) -> None:
-    """espeak-ng speech in three phrases separated by 1.5 s of silence: a final at each pause (not at
-    the end of the stream), inside its phrase's time span; partials are prefixes of what follows."""
+    """espeak-ng speech in three phrases separated by 1.5 s of silence: the token-silence rule alone
+    (the fallback where no VAD closes) gives a final at each pause (not at the end of the stream),
+    inside its phrase's time span; partials are prefixes of what follows."""
     gap = np.zeros(int(1.5 * SR), np.float32)
     phrases = [
         _espeak(t, tmp_path / f"p{i}.wav")
@@ -261,7 +271,10 @@ def test_finals_come_at_the_pauses_of_spoken_audio(tiny_model: AsrModel, tmp_pat
         spans.append(((pos + voiced[0]) * 1000 // SR, (pos + voiced[-1]) * 1000 // SR))
         pos += len(p) + len(gap)
 
-    cfg = EngineConfig(endpoint=EndpointConfig(blank_ms=800, energy_db=-45.0, partial_interval_ms=300))
+    cfg = EngineConfig(
+        endpoint=EndpointConfig(blank_ms=800, energy_db=-45.0, partial_interval_ms=300),
+        vad=VadConfig(kind="off"),
+    )
     with AsrEngine(tiny_model, cfg) as eng:
         col = run_solo(eng, audio, StreamOptions(language="en-US"))
     finals = [e for e in col.transcripts if e.kind == "final"]

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
 from asr_core.config import SchedulerConfig
-from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepPlan, StreamPhase
+from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepCost, StepPlan, StreamPhase
 
 
-def make_scheduler(**kw: float) -> EncoderScheduler[str]:
-    cfg = {"max_batch": 4, "max_wait_ms": 10.0, "max_queued_chunks": 4, "max_undecoded_chunks": 2}
+def make_scheduler(**kw: object) -> EncoderScheduler[str]:
+    cfg: dict[str, object] = {
+        "max_batch": 4,
+        "max_wait_ms": 10.0,
+        "max_queued_chunks": 4,
+        "max_undecoded_chunks": 2,
+        "wait_policy": "fixed",
+    }
     cfg.update(kw)
     return EncoderScheduler(SchedulerConfig(**cfg))  # type: ignore[arg-type]
 
@@ -335,3 +343,107 @@ def test_wake_is_needed_only_when_the_deadline_moves_earlier() -> None:
     assert not s.needs_wake and s.next_deadline() is None
     s.chunk_decoded(1)
     assert s.needs_wake  # the held chunk became ready
+
+
+# --- the adaptive wait ---------------------------------------------------------------------------------
+
+
+def test_step_cost_fit_recovers_fixed_and_per_row_cost() -> None:
+    gpu, cpu = StepCost(), StepCost()
+    for rows in [1, 8, 64, 128, 256, 3, 40, 512] * 4:
+        gpu.add(rows, 0.015 + 0.0001 * rows)
+        cpu.add(rows, 0.0002 + 0.001 * rows)
+    a, b = gpu.fit()
+    assert a == pytest.approx(0.015, rel=1e-6) and b == pytest.approx(0.0001, rel=1e-6)
+    a, b = cpu.fit()
+    assert a == pytest.approx(0.0002, abs=1e-9) and b == pytest.approx(0.001, rel=1e-6)
+
+
+def test_step_cost_counts_the_whole_step_as_fixed_when_the_batch_never_varies() -> None:
+    c = StepCost()
+    assert c.fit() == (0.0, 0.0)
+    for t in (0.010, 0.012, 0.011):
+        c.add(4, t)
+    a, b = c.fit()
+    assert b == 0.0 and 0.010 < a < 0.012
+
+
+def test_adaptive_wait_is_three_fixed_costs_capped_by_max_wait() -> None:
+    s = make_scheduler(max_wait_ms=40.0, wait_policy="adaptive")
+    assert s.max_wait_s == 0.0  # nothing measured yet: no reason to wait
+    for rows in (1, 16, 64):
+        s.observe_step(rows, 0.005 + 0.0001 * rows)
+    assert s.max_wait_s == pytest.approx(3 * 0.005)
+    for rows in (1, 16, 64) * 50:
+        s.observe_step(rows, 0.020 + 0.0001 * rows)
+    assert s.max_wait_s == pytest.approx(0.040)  # 3 x 20 ms, capped at 40 ms
+    fixed = make_scheduler(max_wait_ms=40.0, wait_policy="fixed")
+    fixed.observe_step(8, 0.5)
+    assert fixed.max_wait_s == pytest.approx(0.040)
+
+
+def _simulate(
+    cost: Callable[[int], float], streams: int, *, policy: str, wait_ms: float = 100.0
+) -> dict[str, float]:
+    """Streams push a chunk every 320 ms at evenly spread phases; one runner steps whenever the policy
+    says so, each step taking cost(rows) of fake time. Returns what the policy did."""
+    config = SchedulerConfig(max_batch=512, max_wait_ms=wait_ms, max_queued_chunks=64, wait_policy=policy)  # type: ignore[arg-type]
+    s: EncoderScheduler[str] = EncoderScheduler(config)
+    period, seconds = 0.32, 6.0
+    arrivals = sorted(
+        (k * period / streams + j * period, k) for k in range(streams) for j in range(int(seconds / period))
+    )
+    for k in range(streams):
+        s.add_stream(k, prompt_id=0, lookahead=3)
+    now, i, busy = 0.0, 0, 0.0
+    batches: list[int] = []
+    waits: list[float] = []
+    while i < len(arrivals) or s.next_deadline() is not None:
+        while i < len(arrivals) and arrivals[i][0] <= now:
+            s.push_chunk(arrivals[i][1], "mel", now=arrivals[i][0])
+            i += 1
+        plan = s.schedule(now)
+        if plan is None or not plan.rows:
+            later = [
+                t for t in (arrivals[i][0] if i < len(arrivals) else None, s.next_deadline()) if t is not None
+            ]
+            now = max(now + 1e-9, min(later))  # (a deadline a rounding error short of due)
+            continue
+        dt = cost(len(plan.rows))
+        now += dt
+        busy += dt
+        for c in s.update_from_output(plan, fake_frames(plan), now):
+            s.chunk_decoded(c.key)
+        s.observe_step(len(plan.rows), dt)
+        batches.append(len(plan.rows))
+        waits += [r.queue_wait_s for r in plan.rows]
+    return {
+        "mean_batch": sum(batches) / len(batches),
+        "busy": busy / now,
+        "max_wait": max(waits),
+        "policy_wait": s.max_wait_s,
+    }
+
+
+def test_on_an_accelerator_the_adaptive_wait_fills_batches_and_frees_the_device() -> None:
+    def accelerator(rows: int) -> float:  # a step costs about the same for 1 or 128 rows
+        return 0.015 + 0.0001 * rows
+
+    eager = _simulate(accelerator, 400, policy="fixed", wait_ms=0.0)  # step as soon as a row is ready
+    capped = _simulate(accelerator, 400, policy="fixed", wait_ms=100.0)
+    adaptive = _simulate(accelerator, 400, policy="adaptive", wait_ms=100.0)
+    assert adaptive["policy_wait"] == pytest.approx(0.045, rel=0.01)
+    assert adaptive["mean_batch"] > 2 * eager["mean_batch"]
+    assert adaptive["busy"] < 0.6 * eager["busy"]
+    # A chunk waits at most the policy's wait, plus the step in progress when it became ready.
+    assert adaptive["max_wait"] <= 0.045 + accelerator(512)
+    assert capped["max_wait"] > 2 * adaptive["max_wait"]  # the fixed cap waits whatever a step costs
+
+
+def test_on_a_cpu_the_adaptive_wait_stays_short() -> None:
+    def cpu(rows: int) -> float:  # every row costs: nothing to gain by waiting
+        return 0.0003 + 0.002 * rows
+
+    adaptive = _simulate(cpu, 100, policy="adaptive", wait_ms=100.0)
+    assert adaptive["policy_wait"] < 0.002  # 3 x 0.3 ms once the batches vary enough to fit
+    assert adaptive["max_wait"] < 0.02

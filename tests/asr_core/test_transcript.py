@@ -226,3 +226,49 @@ def test_every_partial_is_a_prefix_of_the_next_partial_and_of_its_final(
             assert prev.start_ms <= prev.end_ms
     assert a.prefix_violations == 0
     assert [e.segment_id for e in events if e.kind == "final"] == list(range(a.segment_id))
+
+
+def test_speech_ended_closes_the_segment_at_once_and_late_pieces_join_its_last_word() -> None:
+    a = make()
+    ev = feed(a, {1: ["▁hello"], 3: ["▁world"]}, [LOUD] * 4)
+    assert not finals(ev)
+    (fin,) = a.speech_ended([Token(ID["s"], 5, 0.5)])  # a late piece from the flush's padding
+    assert fin.text == "hello worlds" and fin.end_ms == 6 * 80 and not fin.at_end_of_stream
+    assert [w.word for w in fin.words] == ["hello", "worlds"] and fin.words[-1].confidence == 0.5
+    assert a.speech_ended() == []  # nothing open
+
+
+def test_a_piece_continuing_the_last_word_of_a_final_is_dropped_not_split_off() -> None:
+    a = make()
+    feed(a, {1: ["▁hello"], 3: ["▁world"]}, [LOUD] * 4)
+    a.speech_ended()
+    ev = a.update([Token(ID["s"], 4), Token(ID["▁how"], 5)], 4, 4, [LOUD] * 4)
+    ev += a.finish()
+    assert [f.text for f in finals(ev)] == ["how"] and a.orphan_pieces == 1
+
+
+def test_words_lie_inside_their_event_in_order_with_the_lowest_piece_probability() -> None:
+    a = make(words="all")
+    toks = [Token(ID["▁hello"], 2, 0.9), Token(ID["▁world"], 5, 0.8), Token(ID["s"], 6, 0.3)]
+    toks += [Token(ID["▁how"], 6, 0.7), Token(ID["<en-US>"], 7, 0.99), Token(ID["▁are"], 9, 1.0)]
+    ev = a.update(toks, 0, 10, [LOUD] * 10) + a.finish(audio_ms=740)
+    partial, final = ev[0], finals(ev)[0]
+    for e in (partial, final):
+        assert " ".join(w.word for w in e.words) == e.text == "hello worlds how are"
+        assert [w.confidence for w in e.words] == [0.9, 0.3, 0.7, 1.0]
+        for w in e.words:
+            assert e.start_ms <= w.start_ms <= w.end_ms <= e.end_ms
+        for w1, w2 in itertools.pairwise(e.words):
+            assert w1.end_ms <= w2.start_ms
+    assert [(w.start_ms, w.end_ms) for w in final.words] == [(160, 240), (400, 480), (480, 560), (720, 740)]
+
+
+def test_words_only_where_configured() -> None:
+    for mode, partial_words, final_words in [
+        ("off", False, False),
+        ("final", False, True),
+        ("all", True, True),
+    ]:
+        a = make(words=mode)
+        ev = feed(a, {1: ["▁hello"]}, [LOUD] * 4) + a.finish()
+        assert [bool(e.words) for e in ev] == [partial_words, final_words]

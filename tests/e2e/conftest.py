@@ -35,6 +35,8 @@ import soxr
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.audio import g711
+from gateway.audio.pipeline import AudioBlock, AudioPipeline
+from gateway.config import RtpSettings
 from tests.fixtures import peers
 from tests.fixtures.telephony import SippResult, free_sip_port, run_sipp
 
@@ -94,6 +96,11 @@ def rtp_range(pairs: int = 100) -> tuple[int, int]:
 # --- the daemon -------------------------------------------------------------------------------------------
 
 
+# The process models `ttg serve` ships: everything in one process, and the engine in a process of its
+# own with media worker processes (TTG_DAEMON__MEDIA_WORKERS). Every test that uses `serve` runs in both.
+PROCESS_MODES = {"one_process": "0", "media_workers": "2"}
+
+
 class Serve:
     """One `ttg serve` process with its own ports, log file and spool directory."""
 
@@ -107,13 +114,15 @@ class Serve:
         env: Mapping[str, str] | None = None,
         args: Sequence[str] = (),
         max_calls: int = 40,
+        mode: str = "one_process",
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.bundle = bundle
         self.redis_url = redis_url
         self.spool_dir = spool_dir or self.workdir / "spool"
-        self.extra_env = dict(env or {})
+        self.mode = mode
+        self.extra_env = {"TTG_DAEMON__MEDIA_WORKERS": PROCESS_MODES[mode], **(env or {})}
         self.args = list(args)
         self.max_calls = max_calls
         self.sip_port = free_sip_port()
@@ -234,12 +243,14 @@ class Serve:
         return "\n".join(self.log().splitlines()[-n:])
 
 
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Callable[..., Serve]]:
-    """`serve(bundle=..., redis_url=..., **kw)` → a `Serve` (not started); all stopped after the test."""
+@pytest.fixture(params=list(PROCESS_MODES))
+def serve(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Serve]]:
+    """`serve(bundle=..., redis_url=..., **kw)` → a `Serve` (not started); all stopped after the test.
+    Each test that uses it runs once per process mode."""
     made: list[Serve] = []
 
     def factory(**kwargs: Any) -> Serve:
+        kwargs.setdefault("mode", request.param)
         s = Serve(tmp_path / f"serve{len(made)}", **kwargs)
         made.append(s)
         return s
@@ -304,6 +315,20 @@ def two_sentences(tmp_path_factory: pytest.TempPathFactory) -> Speech:
 @pytest.fixture(scope="session")
 def short_speech(tmp_path_factory: pytest.TempPathFactory) -> Speech:
     return make_speech(tmp_path_factory.mktemp("speech"), "short", ["One two three four five."])
+
+
+def gateway_pcm(codes: bytes, codec: str = "PCMU", packet: int = 160) -> np.ndarray:
+    """The 16 kHz audio the gateway hands to the engine for these G.711 packets, in order, no loss:
+    its own pipeline fed packet by packet (soxr's output depends on the segment lengths it is run
+    over at the level of float rounding, so only the same path gives the same floats)."""
+    rtp = RtpSettings()
+    pipeline = AudioPipeline(codec, rtp.block_ms, rtp.resample_quality)
+    blocks: list[AudioBlock] = []
+    for i in range(0, len(codes), packet):
+        pipeline.append_codes(codes[i : i + packet], blocks)
+    pipeline.finish(blocks)
+    assert [b.start_ms for b in blocks] == [k * rtp.block_ms for k in range(len(blocks))]
+    return np.concatenate([b.pcm for b in blocks])
 
 
 # --- sipp ---------------------------------------------------------------------------------------------

@@ -15,11 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asr_core.config import EngineConfig
 from asr_core.engine import AsrEngine
 from asr_core.model import AsrModel
 from gateway.config import Settings
-from gateway.daemon import EXIT_FAILURE, Daemon, ModelChoice
+from gateway.daemon import EXIT_FAILURE, Daemon, ModelChoice, engine_config
 from gateway.sink.audit import audit, read_stream
 from tests.e2e.conftest import (
     DATA,
@@ -46,7 +45,7 @@ class _FailingEncoder:
     def release(self, slot: int) -> None:
         self._encoder.release(slot)
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray, bool]]) -> list[np.ndarray]:
+    def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
         self._left -= 1
         if self._left <= 0:
             raise RuntimeError("injected: the GPU fell off the bus")
@@ -82,9 +81,7 @@ async def test_an_engine_failure_ends_every_call_and_exits_with_status_1(
     model = await asyncio.to_thread(AsrModel.load, tiny_bundle, "f32")
 
     def engine(m: Any, on_fatal: Any) -> AsrEngine:
-        return AsrEngine(
-            FailingModel(m, 12), EngineConfig.from_settings(settings.model_dump()), on_fatal=on_fatal
-        )
+        return AsrEngine(FailingModel(m, 12), engine_config(settings), on_fatal=on_fatal)
 
     daemon = Daemon(
         settings, model, ModelChoice(tiny_bundle, "tiny"), engine_factory=engine, install_signals=False

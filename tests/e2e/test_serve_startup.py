@@ -1,5 +1,5 @@
 """`ttg serve` refuses what it cannot run with one line on stderr and a non-zero exit, before it binds
-anything (a bad bundle: issue 6; bad settings), and its startup checks say what an operator needs."""
+anything (a bad bundle, bad settings), and its startup checks say what an operator needs."""
 
 from __future__ import annotations
 
@@ -17,20 +17,21 @@ from gateway.daemon import (
     EXIT_CONFIG,
     CallLogPublisher,
     DaemonReadiness,
-    OneLineFormatter,
     StartupError,
     check_settings,
+    engine_config,
     redact_url,
     rtp_port_pairs,
     settings_from_args,
 )
 from gateway.events import CallEvent
-from tests.e2e.conftest import REPO, Serve, free_sip_port, free_tcp_port
+from gateway.logs import OneLineFormatter
+from tests.e2e.conftest import PROCESS_MODES, REPO, Serve, free_sip_port, free_tcp_port
 from tests.fixtures.telephony import MemoryPublisher
 
 
 def run_serve(
-    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None, mode: str = "one_process"
 ) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable, "-m", "gateway", "serve",
@@ -38,7 +39,7 @@ def run_serve(
         "--http-port", str(free_tcp_port()), "--spool-dir", str(tmp_path / "spool"),
         "--redis-url", "redis://127.0.0.1:1/0", *args,
     ]  # fmt: skip
-    base = Serve(tmp_path, bundle="", redis_url="").env
+    base = Serve(tmp_path, bundle="", redis_url="", mode=mode).env
     return subprocess.run(
         cmd, cwd=REPO, env=base | (env or {}), capture_output=True, text=True, timeout=120, check=False
     )
@@ -65,12 +66,13 @@ def damaged(bundle: Path, tmp_path: Path, how: str) -> tuple[Path, str]:
     return out, str(target)
 
 
+@pytest.mark.parametrize("mode", PROCESS_MODES)
 @pytest.mark.parametrize("how", ["truncated_encoder", "missing_joiner", "bad_config"])
 def test_a_bad_bundle_exits_nonzero_with_one_line_naming_the_file(
-    tiny_bundle: Path, tmp_path: Path, how: str
+    tiny_bundle: Path, tmp_path: Path, how: str, mode: str
 ) -> None:
     bundle, file = damaged(tiny_bundle, tmp_path, how)
-    proc = run_serve(tmp_path, "--model", str(bundle))
+    proc = run_serve(tmp_path, "--model", str(bundle), mode=mode)
     assert proc.returncode == EXIT_CONFIG
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr  # one line, and nothing was bound or started before it
@@ -78,8 +80,9 @@ def test_a_bad_bundle_exits_nonzero_with_one_line_naming_the_file(
     assert proc.stdout == ""
 
 
-def test_a_missing_bundle_directory_is_named(tmp_path: Path) -> None:
-    proc = run_serve(tmp_path, "--model", str(tmp_path / "nowhere"))
+@pytest.mark.parametrize("mode", PROCESS_MODES)
+def test_a_missing_bundle_directory_is_named(tmp_path: Path, mode: str) -> None:
+    proc = run_serve(tmp_path, "--model", str(tmp_path / "nowhere"), mode=mode)
     assert proc.returncode == EXIT_CONFIG
     assert proc.stderr.splitlines() == [
         f"ttg serve: cannot load the model bundle: {tmp_path / 'nowhere'}: not a directory"
@@ -114,17 +117,20 @@ def test_rtp_pairs_count_even_rtp_ports_with_their_rtcp_neighbour() -> None:
     assert rtp_port_pairs(20000, 20001) == 1
 
 
-def test_the_rtp_range_must_cover_max_calls_times_streams() -> None:
+def test_the_rtp_range_must_cover_max_calls_which_counts_streams() -> None:
     assert check_settings(loopback(sip={"max_calls": 10}, rtp={"port_min": 20000, "port_max": 20029})) == []
     # Exactly enough: fine until released pairs rest in quarantine while new calls come in.
     (f,) = check_settings(loopback(sip={"max_calls": 10}, rtp={"port_min": 20000, "port_max": 20019}))
     assert f.level == logging.WARNING and "rest 2 s" in f.message
     (f,) = check_settings(loopback(sip={"max_calls": 10}, rtp={"port_min": 20000, "port_max": 20017}))
     assert f.level == logging.ERROR and "hold 9 RTP/RTCP pairs" in f.message
-    (f,) = check_settings(
-        loopback(sip={"max_calls": 10}, rtp={"port_min": 20000, "port_max": 20039, "max_streams": 3})
+    # MAX_CALLS counts streams (a two-leg SIPREC call takes two), so MAX_STREAMS needs no more ports.
+    assert (
+        check_settings(
+            loopback(sip={"max_calls": 10}, rtp={"port_min": 20000, "port_max": 20029, "max_streams": 3})
+        )
+        == []
     )
-    assert f.level == logging.ERROR and "needs 30" in f.message
 
 
 def test_binding_the_wildcard_without_an_advertised_address_warns_about_one_way_audio() -> None:
@@ -142,6 +148,54 @@ def test_metrics_bound_beyond_loopback_and_half_configured_auth_are_reported() -
     assert f.level == logging.ERROR and "DIGEST_PASSWORD" in f.message
     (f,) = check_settings(loopback(log={"level": "chatty"}))
     assert f.level == logging.ERROR
+
+
+def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asr_core.config import EngineConfig
+
+    defaults = engine_config(Settings())
+    # The settings' defaults are the engine's own defaults (two places, one set of numbers).
+    assert (defaults.scheduler, defaults.decoder, defaults.endpoint, defaults.vad) == (
+        EngineConfig().scheduler,
+        EngineConfig().decoder,
+        EngineConfig().endpoint,
+        EngineConfig().vad,
+    )
+    monkeypatch.setenv("TTG_DECODER__MODE", "workers")
+    monkeypatch.setenv("NEMO_WORKERS", "5")
+    monkeypatch.setenv("NEMO_BATCH_MAX", "128")
+    monkeypatch.setenv("TTG_ENCODER__MAX_QUEUED_CHUNKS", "8")
+    monkeypatch.setenv("TTG_DECODER__MAX_UNDECODED_CHUNKS", "3")
+    monkeypatch.setenv("TTG_ASR__ENDPOINT_BLANK_MS", "600")
+    monkeypatch.setenv("TTG_ASR__ENDPOINT_MAX_BLANK_MS", "1500")
+    monkeypatch.setenv("TTG_ASR__PARTIALS", "false")
+    monkeypatch.setenv("TTG_ASR__LANGUAGE", "uk-UA")
+    monkeypatch.setenv("TTG_ASR__LOOKAHEAD", "6")
+    monkeypatch.setenv("TTG_ASR__VAD", "energy")
+    monkeypatch.setenv("TTG_ASR__VAD_HANGOVER_MS", "200")
+    monkeypatch.setenv("TTG_ASR__VAD_MIN_SPEECH_MS", "80")
+    monkeypatch.setenv("TTG_ASR__VAD_WEBRTC_MODE", "1")
+    monkeypatch.setenv("TTG_ASR__ENDPOINT_ENERGY_DB", "-50")
+    monkeypatch.setenv("TTG_ASR__WORDS", "all")
+    cfg = engine_config(Settings())
+    assert (cfg.decoder.mode, cfg.decoder.workers) == ("workers", 5)
+    assert (cfg.scheduler.max_batch, cfg.scheduler.max_queued_chunks) == (128, 8)
+    assert cfg.scheduler.max_undecoded_chunks == 3
+    assert (cfg.endpoint.blank_ms, cfg.endpoint.max_blank_ms, cfg.endpoint.partials) == (600, 1500, False)
+    assert (cfg.default_language, cfg.default_lookahead) == ("uk-UA", 6)
+    assert (cfg.vad.kind, cfg.vad.hangover_ms, cfg.vad.min_speech_ms, cfg.vad.webrtc_mode) == (
+        "energy",
+        200,
+        80,
+        1,
+    )
+    # The VAD's energy gate is the assembler's quiet-audio threshold...
+    assert (cfg.endpoint.energy_db, cfg.vad.energy_db) == (-50.0, -50.0)
+    assert cfg.endpoint.words == "all"
+    # ...unless that is 0 dBFS (judge by tokens only): then the gate keeps the VAD's default.
+    monkeypatch.setenv("TTG_ASR__ENDPOINT_ENERGY_DB", "0")
+    cfg = engine_config(Settings())
+    assert (cfg.endpoint.energy_db, cfg.vad.energy_db) == (0.0, EngineConfig().vad.energy_db)
 
 
 def test_flags_override_the_environment_which_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -223,17 +277,36 @@ def test_log_records_are_one_line_even_with_a_traceback() -> None:
     )
 
 
-def test_a_sip_port_in_use_is_a_clear_error_after_the_model_loads(tiny_bundle: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", PROCESS_MODES)
+def test_a_sip_port_in_use_is_a_clear_error_after_the_model_loads(
+    tiny_bundle: Path, tmp_path: Path, mode: str
+) -> None:
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
-        proc = run_serve(tmp_path, "--model", str(tiny_bundle), "--sip-port", str(port))
+        proc = run_serve(tmp_path, "--model", str(tiny_bundle), "--sip-port", str(port), mode=mode)
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and f"cannot listen for SIP on 127.0.0.1:{port}" in errors[0], proc.stderr
     assert "stopped in" in proc.stderr.splitlines()[-1]  # what had started was stopped again
+
+
+def test_ttg_model_dir_may_name_an_mlx_layout(tiny_bundle: Path, tmp_path: Path) -> None:
+    """TTG_MODEL__DIR at a quantized mlx-audio-layout bundle: the daemon loads it (and then stops at
+    the SIP port that is taken, so the test needs no call)."""
+    import socket
+
+    from tools.bundle.mlx_export import export_mlx
+
+    export_mlx(tiny_bundle, tmp_path / "q8", "q8")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        proc = run_serve(tmp_path, "--sip-port", str(port), env={"TTG_MODEL__DIR": str(tmp_path / "q8")})
+    assert proc.returncode == 1 and f"cannot listen for SIP on 127.0.0.1:{port}" in proc.stderr
+    assert "mlx-audio layout" in proc.stderr and "24 quantized modules" in proc.stderr, proc.stderr
 
 
 def test_mel_filter_and_encoder_overrides_replace_the_bundles_files(

@@ -33,24 +33,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from gateway.audio.pipeline import AudioBlock, AudioPipeline
-from gateway.config import RtpSettings
 from gateway.sink.audit import audit, read_stream
-from tests.e2e.conftest import REPO, SIPP_DATA, STREAM, Serve, Speech, sipp_calls, until
+from tests.e2e.conftest import REPO, SIPP_DATA, STREAM, Serve, Speech, gateway_pcm, sipp_calls, until
 
 pytestmark = [pytest.mark.sipp, pytest.mark.redis, pytest.mark.slow]
-
-
-def gateway_pcm(codes: bytes, packet: int = 160) -> np.ndarray:
-    """The 16 kHz audio the gateway hands to the engine for these µ-law packets, in order, no loss."""
-    rtp = RtpSettings()
-    pipeline = AudioPipeline("PCMU", rtp.block_ms, rtp.resample_quality)
-    blocks: list[AudioBlock] = []
-    for i in range(0, len(codes), packet):
-        pipeline.append_codes(codes[i : i + packet], blocks)
-    pipeline.finish(blocks)
-    assert [b.start_ms for b in blocks] == [k * rtp.block_ms for k in range(len(blocks))]
-    return np.concatenate([b.pcm for b in blocks])
 
 
 def transcribe_finals(bundle: Path, wav: Path) -> list[dict[str, object]]:

@@ -36,6 +36,7 @@ def drive_once(n_calls: int = 3) -> None:
     _hooks.decoder_step(_rnd.uniform(0.0005, 0.004), n_calls)
     _hooks.transcript("partial", _rnd.uniform(0.1, 0.5))
     _hooks.transcript("final", _rnd.uniform(0.2, 0.9))
+    _hooks.time_to_final(_rnd.uniform(0.15, 0.4))
     if _rnd.random() < 0.1:
         _hooks.chunk_dropped("call-x")
 

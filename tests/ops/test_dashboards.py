@@ -75,8 +75,20 @@ def test_the_panels_operators_expect_are_there() -> None:
         "Batch size",
         "Step time",
         "Queue wait of a ready chunk",
-        "Transcript latency by type",
+        "Time to final, transcript latency by type",
         "Decode step time",
         "Audio chunks dropped",
     ]:
         assert expected in titles
+
+
+def test_the_latency_panel_shows_time_to_final() -> None:
+    latency = [
+        p
+        for path in DASHBOARDS
+        for p in panels(load_dashboard(path))
+        if p["title"] == "Time to final, transcript latency by type"
+    ]
+    (panel,) = latency
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert any("ttg_time_to_final_seconds_bucket" in e and "histogram_quantile(0.95" in e for e in exprs)

@@ -51,3 +51,21 @@ def test_the_shipped_held_out_clips_are_transcribed_with_their_words(
     assert all(h for h in hyps), pairs
     # Measured: WER 8.1 % on these 8 clips (5.2 % on the 400 held-out clips); random weights: ~100 %.
     assert score(refs, hyps)["wer"] <= MAX_SHIPPED_WER, pairs
+
+
+def test_the_demo_model_quantized_to_8_bits_still_transcribes_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ttg export --quantize q8` of the demo model (mlx-audio layout: its 17 linear layers whose
+    width a group size divides are packed) is found through TTG_MODEL__DIR, as `ttg serve` finds it."""
+    from tools.eval import score
+
+    assert ttg(["export", str(DEMO), "--out", str(tmp_path / "q8"), "--quantize", "q8"]) == 0
+    assert json.loads(capsys.readouterr().out)["quantized_modules"] == 17
+    monkeypatch.setenv("TTG_MODEL__DIR", str(tmp_path / "q8"))
+    refs, hyps = [], []
+    for clip in _clips():
+        assert ttg(["transcribe", "--lang", clip["lang"], str(DEMO / "clips" / clip["audio"])]) == 0
+        refs.append(normalize(clip["text"]))
+        hyps.append(normalize(capsys.readouterr().out))
+    assert score(refs, hyps)["wer"] <= MAX_SHIPPED_WER, list(zip(refs, hyps, strict=True))

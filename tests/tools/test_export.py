@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import re
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +13,7 @@ from safetensors import safe_open
 from asr_core.bundle import load_bundle
 from tests.fixtures import peers
 from tests.fixtures.bundle import ReferenceBundle
+from tests.fixtures.mlx_audio import nemo_config, write_nemo
 from tools.bundle.filters import slaney_mel_filters
 from tools.bundle.prompts import PROMPT_DICTIONARY
 from tools.export import EXIT_INCOMPLETE, main
@@ -29,7 +27,16 @@ def _tensors(bundle: Path) -> dict[str, np.ndarray]:
 
 
 def _args(src: Path, out: Path, dtype: str = "f32", tokens: Path | None = None) -> argparse.Namespace:
-    return argparse.Namespace(src=src, out=out, dtype=dtype, tokens=tokens, sentencepiece=None)
+    return argparse.Namespace(
+        src=src,
+        out=out,
+        dtype=dtype,
+        tokens=tokens,
+        sentencepiece=None,
+        quantize=None,
+        bitmap=None,
+        group_size=64,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,75 +96,22 @@ def test_a_tokens_file_of_the_wrong_size_is_rejected(hf_checkpoint: Path, tmp_pa
 
 # -- .nemo ------------------------------------------------------------------------------------------
 
-# HF -> NeMo, the inverse of model_spec.md §2.3, to write a .nemo as NeMo would.
-_HF_TO_NEMO = (
-    (r"^prompt_projector\.linear_1\.", "prompt_kernel.0."),
-    (r"^prompt_projector\.linear_2\.", "prompt_kernel.2."),
-    (r"^encoder\.subsampling\.conv_in\.", "encoder.pre_encode.conv.0."),
-    (r"^encoder\.subsampling\.layers\.0\.depthwise_conv\.", "encoder.pre_encode.conv.2."),
-    (r"^encoder\.subsampling\.layers\.0\.pointwise_conv\.", "encoder.pre_encode.conv.3."),
-    (r"^encoder\.subsampling\.layers\.1\.depthwise_conv\.", "encoder.pre_encode.conv.5."),
-    (r"^encoder\.subsampling\.layers\.1\.pointwise_conv\.", "encoder.pre_encode.conv.6."),
-    (r"^encoder\.subsampling\.linear\.", "encoder.pre_encode.out."),
-    (r"\.conv\.norm\.", ".conv.batch_norm."),
-    (r"\.self_attn\.q_proj\.", ".self_attn.linear_q."),
-    (r"\.self_attn\.k_proj\.", ".self_attn.linear_k."),
-    (r"\.self_attn\.v_proj\.", ".self_attn.linear_v."),
-    (r"\.self_attn\.o_proj\.", ".self_attn.linear_out."),
-    (r"\.self_attn\.relative_k_proj\.", ".self_attn.linear_pos."),
-    (r"\.self_attn\.bias_u$", ".self_attn.pos_bias_u"),
-    (r"\.self_attn\.bias_v$", ".self_attn.pos_bias_v"),
-    (r"^encoder_projector\.", "joint.enc."),
-    (r"^decoder\.embedding\.", "decoder.prediction.embed."),
-    (r"^decoder\.lstm\.", "decoder.prediction.dec_rnn.lstm."),
-    (r"^decoder\.decoder_projector\.", "joint.pred."),
-    (r"^joint\.head\.", "joint.joint_net.2."),
-)
-
-
-def _to_nemo(name: str) -> str:
-    for pattern, repl in _HF_TO_NEMO:
-        name = re.sub(pattern, repl, name)
-    return name
-
 
 def _nemo_archive(ref: ReferenceBundle, path: Path, *, xscaling: bool = False) -> np.ndarray:
+    """The reference model as NeMo would save it, with NeMo's own copy of the filterbank (returned)."""
     torch = peers.module("torch")
-    yaml = peers.module("yaml")
-    spec = ref.spec
-    state = {_to_nemo(k): v.clone() for k, v in ref.model.state_dict().items()}
-    assert "encoder.pre_encode.conv.0.weight" in state and "joint.joint_net.2.weight" in state
     fb = slaney_mel_filters().astype(np.float32) * np.float32(1 + 1e-7)  # NeMo's own copy, not bit-equal
-    state["preprocessor.featurizer.fb"] = torch.from_numpy(fb[None])
-    state["preprocessor.featurizer.window"] = torch.hann_window(400, periodic=False)
-    config = {
-        "model_defaults": {
-            "enc_hidden": spec.hidden_size,
-            "pred_hidden": spec.decoder_hidden,
-            "num_prompts": 128,
-            "prompt_dictionary": dict(PROMPT_DICTIONARY),
-        },
-        "encoder": {
-            "feat_in": 128,
-            "n_layers": spec.num_layers,
-            "d_model": spec.hidden_size,
-            "n_heads": spec.num_heads,
-            "xscaling": xscaling,
-            "att_context_size": [[56, 3], [56, 0], [56, 6], [56, 13]],
-        },
-        "decoder": {"prednet": {"pred_hidden": spec.decoder_hidden, "pred_rnn_layers": spec.decoder_layers}},
-        "decoding": {"strategy": "greedy_batch", "greedy": {"max_symbols": 10}},
+    extra = {
+        "preprocessor.featurizer.fb": fb[None],
+        "preprocessor.featurizer.window": torch.hann_window(400, periodic=False),
     }
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    with tarfile.open(path, "w") as tar:
-        for name, data in (
-            ("model_config.yaml", yaml.safe_dump(config).encode()),
-            ("model_weights.ckpt", buf.getvalue()),
-        ):
-            info = tarfile.TarInfo(f"./{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    pieces = [f"p{i}" for i in range(ref.spec.vocab_size - 1)]
+    write_nemo(
+        path,
+        ref.model.state_dict(),
+        nemo_config(ref.spec, PROMPT_DICTIONARY, pieces, xscaling=xscaling),
+        extra,
+    )
     return fb
 
 

@@ -19,6 +19,7 @@ from tools.bundle.numpy_encoder import encoder_forward, joiner_frames
 from tools.bundle.spec import FULL, TINY
 from tools.bundle.tokens import generated_vocabulary
 from tools.bundle.writer import BUNDLE_FILES
+from tools.make_bundle import add_arguments
 from tools.make_bundle import main as make_bundle_main
 
 
@@ -94,10 +95,10 @@ def test_same_seed_gives_byte_identical_files_and_another_seed_other_weights(
     assert (tmp_path / "other" / "decoder.onnx").read_bytes() != (tiny_bundle / "decoder.onnx").read_bytes()
 
 
-def _args(out: Path, seed: int = 0, dtype: str = "f32") -> argparse.Namespace:
-    return argparse.Namespace(
-        size="tiny", seed=seed, out=out, dtype=dtype, from_reference=False, tokens_per_second=3.5
-    )
+def _args(out: Path, seed: int = 0, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--size", "tiny", "--seed", str(seed), "--out", str(out), *extra])
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])

@@ -38,45 +38,63 @@ async def fake_gateway(
     for every run put in `run_holder`; a final goes out `delay(run)` after the utterance's last packet.
     Call `wrong_word_call` gets one substituted word in its first final (a known WER)."""
     r = redis.Redis.from_url(url, decode_responses=True)
-    seqs: dict[str, int] = {}
-    done: set[tuple[str, int | str]] = set()
+    seqs: dict[tuple[str, str], int] = {}
+    done: set[tuple[str, str, int | str]] = set()
 
-    def publish(sip_call_id: str, **kw: Any) -> None:
-        seqs[sip_call_id] = seqs.get(sip_call_id, 0) + 1
-        ev = CallEvent(call_id="gw-" + sip_call_id, sip_call_id=sip_call_id, **kw)
-        r.xadd(STREAM, to_fields(ev, seqs[sip_call_id]))  # type: ignore[arg-type]
+    def publish(sip_call_id: str, leg: str, **kw: Any) -> None:
+        key = (sip_call_id, leg)
+        seqs[key] = seqs.get(key, 0) + 1
+        ev = CallEvent(call_id="gw-" + sip_call_id, sip_call_id=sip_call_id, leg=leg, **kw)
+        r.xadd(STREAM, to_fields(ev, seqs[key]))  # type: ignore[arg-type]
 
     while True:
         now = time.monotonic()
         for run, rec in [(r, rec) for r in run_holder for rec in r.records]:
-            cid, stream = rec.sip_call_id, rec.stream
-            if stream is None:
+            cid = rec.sip_call_id
+            first = rec.legs[0].name or "caller"
+            if rec.legs[0].stream is None:
                 continue
-            if (cid, "start") not in done:
-                done.add((cid, "start"))
-                publish(cid, type="call_start", lang=rec.lang)
-            words = (rec.clips[0].reference or "").split()
-            for i, (u, mark) in enumerate(zip(stream.plan.utterances, stream.marks, strict=True)):
-                if mark.start_t is not None and (cid, f"p{i}") not in done:
-                    done.add((cid, f"p{i}"))
-                    publish(
-                        cid,
-                        type="partial",
-                        segment_id=i,
-                        text=words[i][:2],
-                        start_ms=u.start_ms,
-                        end_ms=u.start_ms + 200,
-                    )
-                if mark.end_t is not None and now >= mark.end_t + delay(run) and (cid, i) not in done:
-                    done.add((cid, i))
-                    text = "wrong" if (rec.index == wrong_word_call and i == 0) else words[i]
-                    publish(
-                        cid, type="final", segment_id=i, text=text, start_ms=u.start_ms, end_ms=u.end_ms + 100
-                    )
-            if rec.outcome != "pending" and (cid, "end") not in done:
-                done.add((cid, "end"))
-                stats = {"reason": "bye", "rtp_packets": str(stream.sent), "rtp_lost": "0"}
-                publish(cid, type="call_end", extra=stats)
+            if (cid, first, "start") not in done:
+                done.add((cid, first, "start"))
+                publish(cid, first, type="call_start", lang=rec.lang)
+            for leg in rec.legs:
+                name, stream = leg.name or "caller", leg.stream
+                if stream is None:
+                    continue
+                words = (leg.clips[0].reference or "").split()
+                for i, (u, mark) in enumerate(zip(stream.plan.utterances, stream.marks, strict=True)):
+                    if mark.start_t is not None and (cid, name, f"p{i}") not in done:
+                        done.add((cid, name, f"p{i}"))
+                        publish(
+                            cid,
+                            name,
+                            type="partial",
+                            segment_id=i,
+                            text=words[i][:2],
+                            start_ms=u.start_ms,
+                            end_ms=u.start_ms + 200,
+                        )
+                    if (
+                        mark.end_t is not None
+                        and now >= mark.end_t + delay(run)
+                        and (cid, name, i) not in done
+                    ):
+                        done.add((cid, name, i))
+                        text = "wrong" if (rec.index == wrong_word_call and i == 0) else words[i]
+                        publish(
+                            cid,
+                            name,
+                            type="final",
+                            segment_id=i,
+                            text=text,
+                            start_ms=u.start_ms,
+                            end_ms=u.end_ms + 100,
+                        )
+            if rec.outcome != "pending" and (cid, first, "end") not in done:
+                done.add((cid, first, "end"))
+                sent = rec.legs[0].stream.sent
+                stats = {"reason": "bye", "rtp_packets": str(sent), "rtp_lost": "0"}
+                publish(cid, first, type="call_end", extra=stats)
         await asyncio.sleep(0.005)
 
 
@@ -118,7 +136,7 @@ async def test_report_numbers_match_what_the_calls_did(
         assert c.gateway_rtp_packets == c.rtp_sent == c.rtp_planned and c.gateway_lang == c.lang == "en-US"
         finals = [e for e in run.reader.events[c.sip_call_id] if e.type == "final"]
         partials = [e for e in run.reader.events[c.sip_call_id] if e.type == "partial"]
-        for u, mark, fin, part in zip(c.utterances, rec.stream.marks, finals, partials, strict=True):
+        for u, mark, fin, part in zip(c.utterances, rec.legs[0].stream.marks, finals, partials, strict=True):
             # TTF is exactly the final's arrival minus when the last speech packet left...
             assert u.ttf_s == pytest.approx(fin.arrival - mark.end_t, abs=1e-9)
             assert u.ttfp_s == pytest.approx(part.arrival - mark.start_t, abs=1e-9)

@@ -20,13 +20,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def ttg(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # The developer's own TTG_*/NEMO_* variables (TTG_MODEL__DIR...) must not change what a test runs.
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TTG_", "NEMO_"))}
     return subprocess.run(
         [sys.executable, "-m", "gateway.cli", *map(str, args)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, **(env or {})},
+        env={**base, **(env or {})},
     )
 
 
@@ -104,6 +106,8 @@ def test_transcribe_tokens_equal_the_reference_greedy_decode(
         "en-US",
         "--lookahead",
         "3",
+        "--vad",
+        "off",  # the pipeline itself: a VAD flush decodes its frames with padded right context
         "--json",
         speech,
     )
@@ -171,3 +175,18 @@ def test_stereo_and_other_rates_are_mixed_down_and_resampled(tmp_path: Path) -> 
     audio = read_audio(path)
     assert audio.dtype == np.float32 and audio.ndim == 1 and abs(len(audio) - 16000) <= 1
     assert 0.3 < float(np.sqrt(np.mean(audio[1000:-1000] ** 2))) < 0.4  # 0.5 / sqrt(2)
+
+
+def test_the_model_is_the_flag_else_ttg_model_dir_else_the_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tools.transcribe import cli_model_dir, default_model_dir
+
+    monkeypatch.delenv("TTG_MODEL__DIR", raising=False)
+    monkeypatch.delenv("NEMO_MODEL_DIR", raising=False)
+    assert cli_model_dir(None) == default_model_dir()
+    monkeypatch.setenv("NEMO_MODEL_DIR", str(tmp_path / "alias"))
+    assert cli_model_dir(None) == tmp_path / "alias"
+    monkeypatch.setenv("TTG_MODEL__DIR", str(tmp_path / "env"))
+    assert cli_model_dir(None) == tmp_path / "env"
+    assert cli_model_dir(tmp_path / "flag") == tmp_path / "flag"

@@ -1,4 +1,5 @@
-"""`ttg bench encoder|engine|decoder|media|sip|sink ...`: dispatch to tools/bench/<name>.py.
+"""`ttg bench <name> ...` (encoder, engine, engine-procs, decoder, media, sip, sink, channel, gateway,
+quant, ttf, vad): dispatch to tools/bench/<name>.py (dashes as underscores).
 
 Each benchmark module defines `add_arguments(parser)` and `main(args) -> int`. Only the chosen one is
 imported (like the subcommands of `ttg`), so a benchmark runs on a host that lacks what the others
@@ -15,10 +16,20 @@ from collections.abc import Sequence
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "encoder": ("tools.bench.encoder", "batched MLX encoder step time per batch size (vs the reference)"),
     "engine": ("tools.bench.engine", "real-time-paced synthetic calls through the whole engine"),
+    "engine-procs": ("tools.bench.engine_procs", "the engine in its own process fed by front-end processes"),
     "decoder": ("tools.bench.decoder", "RNN-T decoder throughput: per-stream workers vs batched"),
     "media": ("tools.bench.media", "media receive path: per packet, per block, real UDP intake"),
     "sip": ("tools.bench.sip", "SIP parser/core cost and sipp call setup rate against the front end"),
     "sink": ("tools.bench.sink", "Redis sink throughput, publish() cost, spool write and replay"),
+    "channel": ("tools.bench.channel", "chunk transport between processes: shared-memory channel vs pipes"),
+    "gateway": ("tools.bench.gateway", "whole-gateway load levels: redis + ttg serve + ttg replay, CPU/GPU"),
+    "quant": ("tools.bench.quant", "encoder step and weight memory: f16 vs q8 vs mixed68 bundles, same run"),
+    "vad": ("tools.bench.vad", "voice activity on telephone audio: end-of-speech latency, misses, splits"),
+    "ttf": ("tools.bench.ttf", "time to final through real calls: redis-server + ttg serve + ttg replay"),
+    "speechlike": (
+        "tools.bench.speechlike",
+        "tokens/s in speech and in pauses, finals at pauses (espeak-ng)",
+    ),
 }
 
 

@@ -9,6 +9,9 @@ Every simulated call carries `--seconds` of encoder frames, decoded chunk by chu
   worker design; its cost per call does not depend on how many calls there are;
 - batched: every call's chunk of a step in one `BatchedGreedyDecoder` pass (onnxruntime graphs);
 - numpy / mlx: the batched decoder over the graphs' weights in numpy or MLX (`RnntGraphs.weights()`).
+- device: `DeviceDecoder` (asr_core/decoder/device.py), the whole label-looping pass in MLX with the
+  predictor states on the device (what the engine's decoder mode "device" runs after each encoder
+  step); on a GPU its step time, not calls/core, is the number to read.
 
 calls/core = seconds of audio decoded / CPU seconds of this process (all its threads), i.e. how many
 real-time calls one core keeps up with. CPU time, not wall time, so other load on the machine does
@@ -44,12 +47,13 @@ from typing import Any
 
 import numpy as np
 
+from asr_core.bundle import load_bundle
 from asr_core.decoder import BatchedGreedyDecoder, Emission, GreedyDecoder, NumpyRnnt, RnntGraphs, RnntNet
 from asr_core.features import FeatureConfig, log_mel
 from tools.bundle.numpy_encoder import encoder_forward, joiner_frames
 from tools.bundle.probe import probe_audio
 
-MODES = ("workers", "batched", "numpy", "mlx")
+MODES = ("workers", "batched", "numpy", "mlx", "device")
 FRAMES_PER_SECOND = 12.5
 
 
@@ -203,7 +207,7 @@ def _streams(
 
 
 def _net(mode: str, graphs: RnntGraphs) -> RnntNet:
-    if mode in ("workers", "batched"):
+    if mode in ("workers", "batched", "device"):
         return graphs
     if mode == "numpy":
         return NumpyRnnt(graphs.weights())
@@ -229,6 +233,26 @@ def run_mode(
                 step_ms.append(1e3 * (time.perf_counter() - t))
                 tokens[i] += [e.token for e in ems]
                 per_frame += _per_frame(ems, state.frames - len(ch), len(ch))
+    elif mode == "device":
+        from asr_core.decoder.device import DeviceDecoder
+
+        assert isinstance(net, RnntGraphs)
+        ddec = DeviceDecoder(net.weights(), blank, max_symbols, capacity=len(calls))
+        slots = [ddec.alloc() for _ in calls]
+        # Trace the compiled iteration for this batch outside the clock: a silent frame is blank for
+        # every row and leaves the predictor states as they are.
+        silent = np.full((len(calls[0][0]), net.shape.joint), -_SILENT, np.float32)
+        ddec.decode(slots, [silent] * len(slots))
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for step in range(len(calls[0])):
+            t = time.perf_counter()
+            chunks = [c[step] for c in calls]
+            first = [step * len(calls[0][0])] * len(calls)
+            emitted = ddec.decode(slots, chunks, first)
+            step_ms.append(1e3 * (time.perf_counter() - t))
+            for i, ems in enumerate(emitted):
+                tokens[i] += [e.token for e in ems]
+                per_frame += _per_frame(ems, first[i], len(chunks[i]))
     else:
         bdec = BatchedGreedyDecoder(net, blank, max_symbols)
         states = bdec.new_states(len(calls))
@@ -285,15 +309,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"ttg bench decoder: unknown mode(s) {bad}; choose from {MODES}", file=sys.stderr)
         return 2
     counts = [int(x) for x in args.streams.split(",")]
-    cfg = _config(args.model)
-    graphs = RnntGraphs(
-        args.model / "decoder.onnx",
-        args.model / "joiner.onnx",
-        vocab_size=int(cfg["vocab_size"]),
-        hidden_size=int(cfg["decoder_hidden_size"]),
-        num_layers=int(cfg["num_decoder_layers"]),
-    )
-    blank, max_symbols = int(cfg["blank_token_id"]), int(cfg["max_symbols_per_step"])
+    # Any layout: its ONNX graphs, or the graphs built at load from an MLX layout's weights.
+    bundle = load_bundle(args.model, "f32")
+    graphs = bundle.rnnt_graphs()
+    blank, max_symbols = bundle.config.blank_token_id, bundle.config.max_symbols_per_step
+    if args.frames == "encoder" and bundle.decoder_path is None:
+        print("ttg bench decoder: --frames encoder reads a five-file bundle's encoder", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     if args.frames == "scripted":
         rng = np.random.default_rng(args.seed)

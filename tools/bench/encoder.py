@@ -51,7 +51,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compile", choices=("auto", "on", "off"), default="auto", help="mx.compile the step"
     )
-    parser.add_argument("--attention", choices=("explicit", "sdpa"), default=None)
     parser.add_argument("--no-reference", action="store_true", help="skip the transformers reference")
     parser.add_argument(
         "--threads",
@@ -356,10 +355,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = bundle.config
     lookahead = cfg.encoder.default_lookahead if args.lookahead is None else args.lookahead
     compile_flag = None if args.compile == "auto" else args.compile == "on"
-    kwargs: dict[str, Any] = {"compile": compile_flag}
-    if args.attention:
-        kwargs["attention"] = args.attention
-    encoder = StreamingEncoder(bundle.encoder_weights, cfg.encoder, bundle.precision, **kwargs)
+    encoder = StreamingEncoder(bundle.encoder_weights, cfg.encoder, bundle.precision, compile=compile_flag)
     warmup = default_warmup(cfg.encoder, lookahead) if args.warmup is None else args.warmup
     # Rows of one step speak different languages, as calls do.
     prompt_ids = [cfg.prompt_dictionary[x] for x in ("en-US", "uk-UA", "auto") if x in cfg.prompt_dictionary]
@@ -378,7 +374,7 @@ def main(args: argparse.Namespace) -> int:
             ref_note = f"transformers {__import__('transformers').__version__}, torch {torch.__version__}"
         except ImportError as e:
             ref_note = f"unavailable ({e.name} not installed)"
-    log_line(f"encoder ready (compile={encoder.compiled}, attention={encoder.params.attention})")
+    log_line(f"encoder ready (compile={encoder.compiled})")
     log_line(f"reference: {ref_note}")
 
     rng = np.random.default_rng(args.seed)
@@ -395,7 +391,7 @@ def main(args: argparse.Namespace) -> int:
 
     title = (
         f"encoder step, {args.precision}, lookahead {lookahead}, {cfg.encoder.num_hidden_layers} layers x "
-        f"{cfg.encoder.hidden_size}, {encoder.params.attention} attention, compile={encoder.compiled}"
+        f"{cfg.encoder.hidden_size}, compile={encoder.compiled}"
     )
     print(markdown_table(results, title))
     if args.json:
@@ -408,7 +404,6 @@ def main(args: argparse.Namespace) -> int:
             "warmup": warmup,
             "steps": args.steps,
             "compile": encoder.compiled,
-            "attention": encoder.params.attention,
             "threads": args.threads,
             "reference": ref_note,
             "encoder_config": asdict(cfg.encoder),

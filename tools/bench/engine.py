@@ -123,6 +123,10 @@ class Recorder:
         with self.lock:
             self.latencies.setdefault(kind, []).append(latency_s)
 
+    def time_to_final(self, seconds: float) -> None:
+        with self.lock:
+            self.latencies.setdefault("time_to_final", []).append(seconds)
+
 
 def pct(values: Sequence[float], *qs: float) -> dict[str, float]:
     if not values:

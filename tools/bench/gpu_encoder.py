@@ -12,7 +12,7 @@ files). In order, each part guarded so a failure (OOM, a missing kernel) is repo
    then ours in fp16/bf16 against the fp32 reference (rel-L2), next to the reference's own fp16/bf16;
 2. for fp16 and bf16, for B in 1 8 32 64 128 256 512: our step and the reference's step, interleaved
    step by step on the same mel (after enough warm-up chunks to fill the caches);
-3. variants of ours at fp16 (fused SDPA attention, no mx.compile, unfused queries), where time is left;
+3. ours at fp16 without mx.compile, where time is left;
 4. the kernel count of one step (primitives of the evaluated graph, views excluded).
 
 Prints markdown tables with timestamps as it goes and writes `$OUT/gpu_encoder.json` and
@@ -64,7 +64,6 @@ from asr_core.encoder import (
 from tools.bench.encoder import (
     BatchResult,
     ReferenceStream,
-    Timing,
     environment,
     hf_config_kwargs,
     markdown_table,
@@ -130,16 +129,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", nargs="+", default=["f16", "bf16"], choices=("f16", "bf16", "f32"))
     parser.add_argument("--steps", type=int, default=None, help="timed steps per config (default 20)")
     parser.add_argument(
-        "--budget-s", type=float, default=None, help="start nothing new after this (default 320, quick 125)"
+        "--budget-s", type=float, default=320.0, help="start nothing new after this many seconds"
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="short fp32 parity, then every variant in QUICK_VARIANTS interleaved with the reference "
-        "(f16 at B = 128 512 256 1 8 32, bf16 at 128 512 1), 20 steps after 5 warm-up; ~150 s on an H200",
-    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -308,8 +301,8 @@ def graph_launches(dot: str) -> dict[str, Any]:
 
     A node is a kernel unless it only makes a view; a concatenation is one copy per input; a reshape
     copies only when its input is a transposed view (through other shape-only nodes). Not seen here:
-    the copies MLX's GPU matmul makes of operands whose last two axes are not contiguous (the first
-    attention layout has four per layer; the lean one none) and the CPU fallbacks of `mx.fast` ops
+    the copies MLX's GPU matmul makes of operands whose last two axes are not contiguous (the attention
+    is laid out so that there are none) and the CPU fallbacks of `mx.fast` ops
     (on a CPU a LayerNorm shows as Sum/Square/AsType nodes, on the GPU it is one kernel)."""
     label = {n: lbl for n, lbl in re.findall(r'\{ (\d+) \[label ="([^"]*)"', dot)}
     inputs: dict[str, list[str]] = {}
@@ -372,12 +365,7 @@ def guarded(label: str, fn: Callable[[], Any]) -> Any:
 
 
 # Variants of ours (fp16, no reference): the choices the defaults made, measured.
-VARIANTS: dict[str, dict[str, Any]] = {
-    "sdpa attention": {"attention": "sdpa"},
-    "no mx.compile": {"compile": False},
-    "unfused queries": {"fused_queries": False},
-    "lean attention": {"lean": True},
-}
+VARIANTS: dict[str, dict[str, Any]] = {"no mx.compile": {"compile": False}}
 
 
 @dataclass
@@ -426,10 +414,7 @@ class Bench:
         if isinstance(encoder, Exception):
             return [BatchResult(batch=b, error=repr(encoder)) for b in self.batches], None
         self.model.to(torch_dtype(name))
-        log(
-            f"{name}: ours compile={encoder.compiled} attention={encoder.params.attention} "
-            f"fused_queries={encoder.params.fused_queries}; reference {next(self.model.parameters()).dtype}"
-        )
+        log(f"{name}: ours compile={encoder.compiled}; reference {next(self.model.parameters()).dtype}")
         return [self.measure(name, encoder, b, True) for b in self.batches], encoder
 
     def variant(self, name: str, label: str, batches: list[int]) -> list[BatchResult]:
@@ -440,210 +425,6 @@ class Bench:
         del encoder
         release_memory()
         return out
-
-
-# --quick: the candidates measured side by side in one loop (keys: StreamingEncoder options).
-QUICK_VARIANTS: dict[str, dict[str, Any]] = {
-    # the GPU default measured on 2026-11-30: explicit attention, fused queries, mx.compile
-    "default": {"attention": "explicit", "lean": False},
-    "lean": {"attention": "explicit", "lean": True},  # head-major layouts, no hidden copies, no gather
-    "lean+sdpa": {"attention": "sdpa", "lean": True},  # the same with mx.fast SDPA (cuDNN in f16/bf16)
-    "sdpa": {"attention": "sdpa", "lean": False},  # the first layout with mx.fast SDPA
-}
-QUICK_F16 = [128, 512, 256, 1, 8, 32]  # the goals' rows first, in case the budget runs out
-QUICK_BF16 = [128, 512, 1]
-
-
-def quick_parity(model: Any, cfg: EncoderConfig, rng: np.random.Generator) -> dict[str, Any]:
-    """fp32, B=1, a first and three later chunks, ours (eager: no kernel compilation to wait for)
-    in the default and the lean layout against the reference chunk by chunk."""
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    chunks = [rng.standard_normal((first_chunk_frames(LOOKAHEAD), cfg.n_mels), dtype=np.float32)]
-    chunks += [rng.standard_normal((chunk_frames(LOOKAHEAD), cfg.n_mels), dtype=np.float32) for _ in range(3)]
-    ref = ReferenceStream(model, LOOKAHEAD, [PROMPTS[1]])
-    theirs = [ref.step(c[None])[0] for c in chunks]
-    weights = our_weights(model, cfg, mx.float32)
-    result: dict[str, Any] = {"chunks": len(chunks), "reference_mean_abs": float(np.abs(theirs[-1]).mean())}
-    for name, lean in (("default", False), ("lean", True)):
-        enc = StreamingEncoder(weights, cfg, "f32", compile=False, lean=lean)
-        ours = stream_ours(enc, chunks, None)
-        result[f"f32_max_abs_diff_{name}"] = max(
-            float(np.abs(a - b).max()) for a, b in zip(ours, theirs, strict=True)
-        )
-        del enc
-    result["f32_max_abs_diff"] = max(result["f32_max_abs_diff_default"], result["f32_max_abs_diff_lean"])
-    log(
-        f"parity f32 (B=1, {len(chunks)} chunks): max|d| default {result['f32_max_abs_diff_default']:.2e}, "
-        f"lean {result['f32_max_abs_diff_lean']:.2e} (outputs mean |x| {result['reference_mean_abs']:.2f})"
-    )
-    return result
-
-
-def run_row(
-    encoders: dict[str, StreamingEncoder],
-    model: Any,
-    cfg: EncoderConfig,
-    batch: int,
-    steps: int,
-    warmup: int,
-    rng: np.random.Generator,
-) -> dict[str, BatchResult]:
-    """One batch size: the reference and every encoder step by step on the same mel; a variant that
-    fails (an unsupported kernel, OOM) is recorded and dropped from the row, the others go on."""
-    prompts = [PROMPTS[b % len(PROMPTS)] for b in range(batch)]
-    ref = ReferenceStream(model, LOOKAHEAD, prompts)
-    slots = {name: [enc.alloc(p, LOOKAHEAD) for p in prompts] for name, enc in encoders.items()}
-    ours_s: dict[str, list[float]] = {name: [] for name in encoders}
-    first_s: dict[str, float] = {}
-    diff = dict.fromkeys(encoders, 0.0)
-    errors: dict[str, str] = {}
-    ref_s: list[float] = []
-    try:
-        for i in range(1 + warmup + steps):
-            n = first_chunk_frames(LOOKAHEAD) if i == 0 else chunk_frames(LOOKAHEAD)
-            mel = rng.standard_normal((batch, n, cfg.n_mels), dtype=np.float32)
-            t0 = time.perf_counter()
-            theirs = ref.step(mel)
-            if i > warmup:
-                ref_s.append(time.perf_counter() - t0)
-            names = list(encoders)
-            for name in names[i % len(names) :] + names[: i % len(names)]:  # no variant always first
-                enc = encoders[name]
-                if name in errors:
-                    continue
-                rows = [ChunkInput(s, mel[b]) for b, s in enumerate(slots[name])]
-                try:
-                    t0 = time.perf_counter()
-                    ours = enc.step(rows)
-                    dt = time.perf_counter() - t0
-                except Exception as e:
-                    errors[name] = f"{type(e).__name__}: {e}"[:300]
-                    log(f"{name} B={batch}: FAILED {errors[name]}")
-                    release_memory()
-                    continue
-                if i == 0:
-                    first_s[name] = dt
-                elif i > warmup:
-                    ours_s[name].append(dt)
-                diff[name] = max(diff[name], float(np.abs(np.stack(ours) - theirs).max()))
-    finally:
-        for name, enc in encoders.items():
-            for s in slots[name]:
-                enc.release(s)
-    reference = Timing.of(ref_s) if ref_s else None
-    out = {}
-    for name in encoders:
-        if name in errors:
-            out[name] = BatchResult(batch=batch, error=errors[name])
-        else:
-            out[name] = BatchResult(
-                batch=batch,
-                ours=Timing.of(ours_s[name]),
-                reference=reference,
-                max_abs_diff=diff[name],
-                extra={"first_step_s": first_s.get(name)},
-            )
-    return out
-
-
-def quick(
-    args: argparse.Namespace, model: Any, cfg: EncoderConfig, rng: np.random.Generator, report: dict[str, Any]
-) -> list[str]:
-    """The --quick run (see QUICK_VARIANTS); returns the markdown tables."""
-    budget_end = _T0 + args.budget_s
-    steps = args.steps or (3 if args.smoke else 20)
-    warmup = 2 if args.smoke else 5
-    report.update(steps=steps, warmup=warmup, variants=list(QUICK_VARIANTS))
-    par = guarded("parity", lambda: quick_parity(model, cfg, rng))
-    report["parity"] = {"error": repr(par)} if isinstance(par, Exception) else par
-    model.float()  # (parity leaves it in fp32; each phase casts it)
-
-    plan = [("f16", list(QUICK_VARIANTS), args.batch or ([1, 2] if args.smoke else QUICK_F16))]
-    plan.append(("bf16", ["default"], [1, 2] if args.smoke else QUICK_BF16))
-    timings: dict[str, dict[str, list[BatchResult]]] = {}
-    report["timings"] = timings
-    report["kernels"] = {}
-    for dtype, names, batches in plan:
-        if dtype == "bf16":  # the default and the best other variant of the f16 rows
-            best = best_variant({n: r for n, r in timings.get("f16", {}).items() if n != "default"})
-            names = names + ([best] if best else [])
-        weights = guarded(f"{dtype} weights", functools.partial(our_weights, model, cfg, MX_DTYPES[dtype]))
-        if isinstance(weights, Exception):
-            continue
-        encoders: dict[str, StreamingEncoder] = {}
-        for name in names:
-            build = functools.partial(StreamingEncoder, weights, cfg, dtype, **QUICK_VARIANTS[name])
-            enc = guarded(f"{dtype} {name}", build)
-            if isinstance(enc, StreamingEncoder):
-                encoders[name] = enc
-        del weights
-        model.to(torch_dtype(dtype))
-        rows = timings.setdefault(dtype, {n: [] for n in encoders})
-        for b in batches:
-            if time.monotonic() > budget_end:
-                for n in encoders:
-                    rows[n].append(BatchResult(batch=b, error="skipped: time budget"))
-                continue
-            log(f"{dtype} B={b}: {' '.join(encoders)} + reference, {1 + warmup + steps} steps")
-            got = guarded(
-                f"{dtype} B={b}", functools.partial(run_row, encoders, model, cfg, b, steps, warmup, rng)
-            )
-            for n in encoders:
-                r = got[n] if isinstance(got, dict) else BatchResult(batch=b, error=repr(got))
-                rows[n].append(r)
-                log(f"{dtype} {n:>10}: " + markdown_table([r]).splitlines()[-1])
-        if dtype == "f16":
-            for n, enc in encoders.items():
-                if time.monotonic() > budget_end + 20:
-                    break
-                k = guarded(f"kernel count {n}", functools.partial(count_kernels, enc, cfg, 8))
-                report["kernels"][n] = {"error": repr(k)} if isinstance(k, Exception) else k
-                if not isinstance(k, Exception):
-                    log(f"{n}: {k['kernels']} kernels per step at B=8 ({k['graph_nodes']} graph nodes)")
-        encoders.clear()
-        release_memory()
-    model.float()
-    tables = [summary_table(timings)]
-    for dtype, by_name in timings.items():
-        for n, results in by_name.items():
-            results = sorted(results, key=lambda r: r.batch)
-            tables.append(
-                markdown_table(results, f"### {dtype}, {n}: lookahead {LOOKAHEAD}, ours vs transformers")
-            )
-    return tables
-
-
-def best_variant(rows: dict[str, list[BatchResult]]) -> str | None:
-    """The variant with the lowest median at the largest batch every variant measured."""
-    done = {n: {r.batch: r.ours.median_ms for r in rs if r.ours is not None} for n, rs in rows.items()}
-    common = set.intersection(*(set(d) for d in done.values())) if done else set()
-    if not common:
-        return None
-    b = max(common)
-    return min(done, key=lambda n: done[n][b])
-
-
-def summary_table(timings: dict[str, dict[str, list[BatchResult]]]) -> str:
-    """Median ms per variant and B (ratio to the reference in brackets), one row per dtype/variant."""
-    batches = sorted({r.batch for by in timings.values() for rs in by.values() for r in rs})
-    lines = [
-        "### step median ms (ours / transformers)",
-        "| dtype | variant | " + " | ".join(f"B={b}" for b in batches) + " |",
-        "|---|---|" + "---|" * len(batches),
-    ]
-    for dtype, by_name in timings.items():
-        for n, results in by_name.items():
-            at = {r.batch: r for r in results}
-            cells = []
-            for b in batches:
-                r = at.get(b)
-                ok = r is not None and r.ours is not None and r.ratio is not None
-                cells.append(f"{r.ours.median_ms:.2f} ({r.ratio:.2f})" if ok else "—")  # type: ignore[union-attr]
-            lines.append(f"| {dtype} | {n} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -678,14 +459,9 @@ def main(args: argparse.Namespace) -> int:
         "warmup": warmup,
         "torch_device": device,
     }
-    if args.budget_s is None:
-        args.budget_s = 125.0 if args.quick else 320.0
     rng = np.random.default_rng(args.seed)
     model = build_reference(cfg, device, args.seed)
     log(f"reference model built on {device}")
-    if args.quick:
-        report["command"] += "  # quick"
-        return _finish(quick(args, model, cfg, rng, report), report, out_dir)
     par = guarded("parity", lambda: parity(model, cfg, args.dtypes, rng))
     report["parity"] = {"error": repr(par)} if isinstance(par, Exception) else par
     if args.parity_only:
@@ -718,9 +494,7 @@ def main(args: argparse.Namespace) -> int:
     for label in VARIANTS:
         if time.monotonic() > bench.budget_end:
             break
-        results = bench.variant(
-            name, label, few if label == "sdpa attention" else few[:: max(1, len(few) // 2)]
-        )
+        results = bench.variant(name, label, few[:: max(1, len(few) // 2)])
         report["variants"][label] = results
         tables.append(markdown_table(results, f"### variant ({name}): {label}"))
 

@@ -30,8 +30,8 @@ import numpy as np
 import soxr
 
 from gateway.audio import g711
-from gateway.audio.media import MediaConfig, MediaCore
 from gateway.audio.pipeline import AudioPipeline
+from gateway.rtp.media import MediaConfig, MediaCore
 from gateway.rtp.packet import parse_rtp
 from gateway.rtp.receiver import MediaManager
 from gateway.rtp.sender import RtpSender

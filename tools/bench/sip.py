@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from asr_core.api import EventCallback, StreamEnded, StreamOptions
-from gateway.audio.media import MediaConfig
-from gateway.calls import FrontEndConfig, TelephonyFrontEnd
+from gateway.call.frontend import FrontEndConfig, TelephonyFrontEnd
+from gateway.call.legs import LocalLegs
 from gateway.events import CallEvent
+from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import MediaManager
 from gateway.sip.admission import AdmissionConfig
 from gateway.sip.agent import AgentConfig, Flow, UserAgent
@@ -111,7 +112,7 @@ async def bench_calls(calls: int, rate: float, hold_ms: int, workdir: Path) -> d
     )
     cfg = FrontEndConfig(sip_host="127.0.0.1", sip_port=0, admission=AdmissionConfig(max_calls=calls))
     sink = _Sink()
-    frontend = TelephonyFrontEnd(cfg, _CountingEngine(), sink, media)
+    frontend = TelephonyFrontEnd(cfg, LocalLegs(_CountingEngine(), media), sink)
     await frontend.start()
     stats_file = workdir / "sipp_stats.csv"
     cmd = [

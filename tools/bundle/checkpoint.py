@@ -29,14 +29,6 @@ from tools.bundle.spec import LEFT_CONTEXT_FRAMES, ModelSpec
 
 F32 = NDArray[np.float32]
 
-# Prediction network / joint renames (the encoder side is asr_core.bundle's table).
-_NEMO_RNNT = (
-    (re.compile(r"^decoder\.prediction\.embed\."), "decoder.embedding."),
-    (re.compile(r"^decoder\.prediction\.dec_rnn\.lstm\."), "decoder.lstm."),
-    (re.compile(r"^joint\.pred\."), "decoder.decoder_projector."),
-    (re.compile(r"^joint\.joint_net\.2\."), "joint.head."),
-)
-
 
 class CheckpointError(ValueError):
     """The source cannot be read or does not hold this model."""
@@ -54,12 +46,6 @@ class Checkpoint:
     sentencepiece: bytes | None = None  # the SentencePiece model file, when the source has one
     mel_filters: F32 | None = None  # (n_mels, n_fft/2+1) as stored by NeMo
     notes: list[str] | None = None
-
-
-def nemo_name_to_hf(name: str) -> str:
-    for pattern, repl in _NEMO_RNNT:
-        name = pattern.sub(repl, name)
-    return nemo_to_hf_name(name)
 
 
 def _spec_from_tensors(t: Mapping[str, F32], hints: Mapping[str, Any]) -> ModelSpec:
@@ -155,7 +141,7 @@ def _read_hf(src: Path) -> Checkpoint:
     ):
         tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
     if "encoder.pre_encode.conv.0.weight" in tensors:  # NeMo names in a safetensors file
-        tensors = {nemo_name_to_hf(k): v for k, v in tensors.items() if not k.startswith("preprocessor.")}
+        tensors = {nemo_to_hf_name(k): v for k, v in tensors.items() if not k.startswith("preprocessor.")}
 
     hints: dict[str, Any] = {}
     prompts, default_prompt = dict(PROMPT_DICTIONARY), AUTO_PROMPT_ID
@@ -226,7 +212,7 @@ def _read_nemo(src: Path) -> Checkpoint:
         sp_bytes = read(sp_name) if sp_name else None
 
     tensors = {
-        nemo_name_to_hf(k): v.float().numpy() for k, v in state.items() if not k.startswith("preprocessor.")
+        nemo_to_hf_name(k): v.float().numpy() for k, v in state.items() if not k.startswith("preprocessor.")
     }
     fb = state.get("preprocessor.featurizer.fb")
     filters = fb.float().numpy().reshape(fb.shape[-2], fb.shape[-1]) if fb is not None else None

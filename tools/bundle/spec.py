@@ -68,6 +68,28 @@ class ModelSpec:
             f = (f + 3 - 3) // 2 + 1
         return f
 
+    def encoder_config(self, output_size: int | None = None) -> Any:
+        """asr_core's `EncoderConfig` of this model (what the loader would make of the bundle);
+        `output_size` overrides encoder_projector's width (default: the joint's)."""
+        from asr_core.bundle import EncoderConfig
+
+        return EncoderConfig(
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            intermediate_size=self.intermediate_size,
+            conv_kernel_size=self.conv_kernel_size,
+            subsampling_factor=self.subsampling_factor,
+            subsampling_conv_channels=self.subsampling_channels,
+            n_mels=self.n_mels,
+            left_context_frames=LEFT_CONTEXT_FRAMES,
+            num_prompts=self.num_prompts,
+            prompt_intermediate_size=self.prompt_intermediate,
+            output_size=self.decoder_hidden if output_size is None else output_size,
+            supported_lookaheads=SUPPORTED_LOOKAHEADS,
+            default_lookahead=SUPPORTED_LOOKAHEADS[0],
+        )
+
     def encoder_shapes(self) -> dict[str, tuple[int, ...]]:
         """HF names -> PyTorch shapes of every tensor of encoder.safetensors, in a fixed order."""
         d, c, ff = self.hidden_size, self.subsampling_channels, self.intermediate_size

@@ -229,18 +229,29 @@ def calibrate(
 
 
 def random_bundle_weights(
-    spec: ModelSpec, seed: int, tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND
-) -> BundleWeights:
+    spec: ModelSpec,
+    seed: int,
+    tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND,
+    calibration: str = "probe",
+    precision: str = "f32",
+) -> tuple[BundleWeights, dict[str, object]]:
+    """Drawn weights, calibrated with the probe signal (`calibrate`) or on telephone speech
+    (tools/bundle/speechlike.py, `precision` for its encoder pass); also the calibration's report."""
     # All encoder tensors at once: the calibration runs the encoder (2.4 GB in f32 at full size).
     encoder = dict(random_encoder_tensors(spec, seed))
     rnnt = random_rnnt_weights(spec, seed)
-    cal = calibrate(spec, encoder, rnnt, tokens_per_second)
-    return BundleWeights(
-        encoder=lambda: iter(encoder.items()),
-        rnnt=rnnt,
-        metadata={
-            "weights": "random",
-            "seed": str(seed),
-            "probe_tokens_per_second": f"{cal.tokens_per_second:.2f}",
-        },
-    )
+    metadata = {"weights": "random", "seed": str(seed)}
+    if calibration == "speech":
+        from tools.bundle.speechlike import calibrate_speech
+
+        speech = calibrate_speech(spec, encoder, rnnt, seed, tokens_per_second, precision)
+        metadata |= speech.metadata()
+        report = speech.report()
+    elif calibration == "probe":
+        cal = calibrate(spec, encoder, rnnt, tokens_per_second)
+        metadata["probe_tokens_per_second"] = f"{cal.tokens_per_second:.2f}"
+        report = {"method": "probe", "probe_tokens_per_second": round(cal.tokens_per_second, 2)}
+    else:
+        raise ValueError(f"calibration must be 'probe' or 'speech', not {calibration!r}")
+    weights = BundleWeights(encoder=lambda: iter(encoder.items()), rnnt=rnnt, metadata=metadata)
+    return weights, report

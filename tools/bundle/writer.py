@@ -20,8 +20,8 @@ import onnxruntime as ort
 from numpy.typing import NDArray
 
 from asr_core.decoder.numpy_rnnt import NumpyRnnt, RnntWeights
+from asr_core.decoder.onnx_build import build_decoder, build_joiner
 from tools.bundle.filters import slaney_mel_filters, write_filters
-from tools.bundle.onnx_graphs import build_decoder, build_joiner
 from tools.bundle.safetensors_io import DTYPES, write_safetensors
 from tools.bundle.spec import FEATURES, ModelSpec
 from tools.bundle.tokens import generated_vocabulary, write_tokens

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.replay.config import Impairments, LanguageMix, LoadConfig, MediaConfig, ReplayConfig
+from tools.replay.siprec import VENDORS
 
 
 def _hostport(text: str) -> tuple[str, int]:
@@ -52,11 +53,12 @@ def _lang(text: str) -> LanguageMix:
 def _settings_defaults() -> dict[str, Any]:
     """The gateway's settings (env TTG_*), so the tool finds a locally configured gateway by default."""
     try:
+        from gateway.addresses import advertised_address
         from gateway.config import Settings
 
         s = Settings()
-        sip_host = "127.0.0.1" if s.sip.host in ("0.0.0.0", "::", "") else s.sip.host
-        http_host = "127.0.0.1" if s.http.host in ("0.0.0.0", "::", "") else s.http.host
+        sip_host = advertised_address(s.sip.host, "127.0.0.1")
+        http_host = advertised_address(s.http.host, "127.0.0.1")
         return {
             "target": (sip_host, s.sip.port),
             "redis_url": s.redis.url,
@@ -88,6 +90,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--lang-header", default="X-Language", help="header that carries the call language ('' = none)"
+    )
+    g.add_argument(
+        "--siprec",
+        nargs="?",
+        const="all",
+        default="",
+        choices=("all", *VENDORS),
+        metavar="VENDOR",
+        help="place SIPREC recording sessions (two legs, different speech on each) shaped like this SRC's "
+        f"offers ({', '.join(VENDORS)}); no VENDOR: call n takes the n-th shape",
+    )
+    g.add_argument(
+        "--leg-offset-ms", type=int, default=1500, help="SIPREC: each further leg starts speaking this later"
     )
 
     g = p.add_argument_group("audio")
@@ -169,6 +184,8 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
         headers=tuple(args.header),
         lang=args.lang,
         lang_header=args.lang_header,
+        siprec=args.siprec,
+        leg_offset_ms=args.leg_offset_ms,
         audio_dir=args.audio if args.audio else (out / "audio" if args.generate else None),
         generate=args.generate,
         media=MediaConfig(

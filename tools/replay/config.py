@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tools.replay.siprec import VENDORS
+
 Codec = Literal["PCMU", "PCMA"]
 Transport = Literal["udp", "tcp"]
 
@@ -144,6 +146,10 @@ class ReplayConfig:
     lang: LanguageMix = field(default_factory=LanguageMix)
     lang_header: str = "X-Language"
     call_id_prefix: str = ""  # "" = a random one per run; Call-IDs are `{prefix}-{n:06d}@{local_ip}`
+    # SIPREC recording sessions instead of trunk calls: a vendor of tools.replay.siprec.VENDORS, or
+    # "all" (call n takes the n-th vendor, round robin); "" = plain calls.
+    siprec: str = ""
+    leg_offset_ms: int = 1500  # SIPREC: each further leg starts speaking this much later (turn taking)
 
     audio_dir: Path | None = None
     generate: int = 0  # generate this many espeak-ng files (into audio_dir, or a temp dir)
@@ -169,5 +175,7 @@ class ReplayConfig:
     def __post_init__(self) -> None:
         if not 0 < self.rtp_port_min <= self.rtp_port_max < 65536:
             raise ValueError("bad RTP port range")
+        if self.siprec and self.siprec != "all" and self.siprec not in VENDORS:
+            raise ValueError(f"unknown SIPREC vendor {self.siprec!r} (one of all, {', '.join(VENDORS)})")
         if self.audio_dir is None and self.generate <= 0:
             raise ValueError("give an audio folder or --generate N")

@@ -21,6 +21,8 @@ OUTCOMES = ("completed", "rejected", "failed", "stopped")
 
 @dataclass(frozen=True, slots=True)
 class CallResult:
+    """One call, or one leg of a SIPREC call (its calls have one result per leg, same index and Call-ID)."""
+
     index: int
     sip_call_id: str
     lang: str
@@ -58,6 +60,10 @@ class CallResult:
     hypothesis: str = ""
     word_errors: int | None = None
     ref_words: int | None = None
+    leg: str = ""  # SIPREC: the leg name the gateway should use ("" for a plain call: every event)
+    vendor: str = ""  # SIPREC: whose offer the call's INVITE was shaped like
+    label: str = ""  # SIPREC: the a=label of the leg's m= line
+    events_on_other_legs: int = 0  # transcripts of this call on a leg the call did not expect
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,9 @@ class Summary:
     rtp_sent_to_reporting_calls: int  # what we sent to those same calls
     lang_mismatches: int  # calls the gateway transcribed in another language than the header asked
     peak_active_calls: int
+    legs: int = 0  # results: one per call, or one per leg of SIPREC calls
+    legs_with_finals: int = 0  # legs of completed calls that got at least one final
+    events_on_other_legs: int = 0  # transcripts on legs no call expected (a leg named wrongly)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +180,14 @@ def transcript_results(
     events: Sequence[ReceivedEvent],
     reference: str | None,
     margin_ms: int = analysis.DEFAULT_MARGIN_MS,
+    leg: str = "",
 ) -> dict[str, Any]:
-    """The transcript-side fields of a CallResult (kwargs), from what was sent and what came back."""
+    """The transcript-side fields of a CallResult (kwargs), from what was sent and what came back.
+
+    `leg` (SIPREC): only that leg's transcripts count, and the RTP counters are the leg's own from
+    call_end's `legs` object; "" takes every event of the call (a plain call has one leg)."""
+    if leg:
+        events = [e for e in events if e.type in ("call_start", "call_end") or e.fields.get("leg") == leg]
     unstable, considered = analysis.partial_stability(events)
     hyp = analysis.final_text(events)
     errors: int | None = None
@@ -182,6 +197,8 @@ def transcript_results(
     call_end = next((e for e in events if e.type == "call_end"), None)
     call_start = next((e for e in events if e.type == "call_start"), None)
     end_fields = call_end.fields if call_end else {}
+    if leg:
+        end_fields = leg_stats(end_fields, leg)
     return {
         "gateway_lang": (call_start.fields.get("lang") or None) if call_start else None,
         "gateway_rtp_packets": _opt_int(end_fields.get("rtp_packets")),
@@ -200,20 +217,39 @@ def transcript_results(
     }
 
 
+def leg_stats(call_end: dict[str, str], leg: str) -> dict[str, str]:
+    """One leg's counters from call_end: its entry in the `legs` JSON object (docs/events.md), or the
+    call's own fields when the call_end has no per-leg object (one leg)."""
+    try:
+        legs = json.loads(call_end.get("legs") or "{}")
+    except ValueError:
+        return {}
+    entry = legs.get(leg) if isinstance(legs, dict) else None
+    if isinstance(entry, dict):
+        return {str(k): str(v) for k, v in entry.items()}
+    return {} if legs else call_end
+
+
 def _opt_int(value: str | None) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
-def summarize(calls: Sequence[CallResult], peak_active: int = 0, readback: bool = True) -> Summary:
+def summarize(results: Sequence[CallResult], peak_active: int = 0, readback: bool = True) -> Summary:
+    """Totals over a run's results: call outcomes once per call, media and transcripts per leg."""
+    first: dict[str, CallResult] = {}
+    for r in results:
+        first.setdefault(r.sip_call_id, r)
+    calls = list(first.values())
+    legs = results
     outcomes = Counter(c.outcome for c in calls)
     rejected = [c for c in calls if c.outcome == "rejected"]
     answered = [c for c in calls if c.setup_s is not None]
-    utts = [u for c in calls if c.outcome == "completed" for u in c.utterances]
-    considered = sum(c.partials_with_successor for c in calls)
-    wer_calls = [c for c in calls if c.outcome == "completed" and c.word_errors is not None and c.ref_words]
+    utts = [u for c in legs if c.outcome == "completed" for u in c.utterances]
+    considered = sum(c.partials_with_successor for c in legs)
+    wer_calls = [c for c in legs if c.outcome == "completed" and c.word_errors is not None and c.ref_words]
     ref_words = sum(c.ref_words or 0 for c in wer_calls)
     retry = [c.retry_after_s for c in rejected if c.retry_after_s is not None]
-    reporting = [c for c in calls if c.gateway_rtp_packets is not None]
+    reporting = [c for c in legs if c.gateway_rtp_packets is not None]
     return Summary(
         calls=len(calls),
         completed=outcomes["completed"],
@@ -229,15 +265,15 @@ def summarize(calls: Sequence[CallResult], peak_active: int = 0, readback: bool 
         ttfp_s=analysis.stats(u.ttfp_s for u in utts if u.ttfp_s is not None),
         utterances=len(utts),
         utterances_without_final=sum(1 for u in utts if u.ttf_s is None) if readback else None,
-        partials=sum(c.partials for c in calls),
-        finals=sum(c.finals for c in calls),
-        partial_instability=(sum(c.unstable_partials for c in calls) / considered) if considered else None,
+        partials=sum(c.partials for c in legs),
+        finals=sum(c.finals for c in legs),
+        partial_instability=(sum(c.unstable_partials for c in legs) / considered) if considered else None,
         wer=(sum(c.word_errors or 0 for c in wer_calls) / ref_words) if ref_words else None,
         wer_ref_words=ref_words,
-        rtp_planned=sum(c.rtp_planned for c in calls),
-        rtp_sent=sum(c.rtp_sent for c in calls),
-        rtp_send_errors=sum(c.rtp_send_errors for c in calls),
-        rtp_echoed=sum(c.rtp_echoed for c in calls),
+        rtp_planned=sum(c.rtp_planned for c in legs),
+        rtp_sent=sum(c.rtp_sent for c in legs),
+        rtp_send_errors=sum(c.rtp_send_errors for c in legs),
+        rtp_echoed=sum(c.rtp_echoed for c in legs),
         calls_without_call_end=(
             sum(1 for c in calls if c.setup_s is not None and not c.call_end_received) if readback else None
         ),
@@ -245,6 +281,9 @@ def summarize(calls: Sequence[CallResult], peak_active: int = 0, readback: bool 
         rtp_sent_to_reporting_calls=sum(c.rtp_sent for c in reporting),
         lang_mismatches=sum(1 for c in calls if c.gateway_lang is not None and c.gateway_lang != c.lang),
         peak_active_calls=peak_active,
+        legs=len(legs),
+        legs_with_finals=sum(1 for c in legs if c.outcome == "completed" and c.finals > 0),
+        events_on_other_legs=sum(c.events_on_other_legs for c in legs),
     )
 
 
@@ -285,6 +324,14 @@ def summary_markdown(s: Summary) -> list[str]:
         f"- RTP packets sent {s.rtp_sent} of {s.rtp_planned} planned; send errors {s.rtp_send_errors}; "
         f"calls without call_end {_opt(s.calls_without_call_end)}",
         f"- {gateway}; calls in another language than asked: {s.lang_mismatches}",
+        *(
+            [
+                f"- legs: **{s.legs}**, with finals {s.legs_with_finals}; transcripts on legs no call "
+                f"expected {s.events_on_other_legs}"
+            ]
+            if s.legs != s.calls
+            else []
+        ),
         "",
         "| latency (ms) | n | p50 | p95 | p99 | mean | max |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -321,19 +368,22 @@ def write_markdown(report: Report, path: Path, plots: Sequence[str] = ()) -> Non
     ]
     if plots:
         lines += ["## Plots", "", *(f"![{p}]({p})" for p in plots), ""]
+    per_leg = any(r.leg for r in report.calls)
     lines += [
-        "## Calls",
+        "## Legs" if per_leg else "## Calls",
         "",
-        "| # | Call-ID | lang | outcome | setup ms | RTP sent | TTF ms (per utterance) | finals | WER |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| # | Call-ID | " + ("leg | SRC shape | " if per_leg else "") + "lang | outcome | setup ms | "
+        "RTP sent | TTF ms (per utterance) | finals | WER |",
+        "| --- | --- | " + ("--- | --- | " if per_leg else "") + "--- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in report.calls:
         ttf = " ".join(_ms(u.ttf_s) for u in r.utterances) or "–"
         wer = "–" if not r.ref_words else f"{100 * (r.word_errors or 0) / r.ref_words:.1f} %"
         outcome = r.outcome + (f" ({r.status} {r.detail})" if r.outcome != "completed" else "")
+        leg = f"`{r.leg}` | {r.vendor} | " if per_leg else ""
         lines.append(
-            f"| {r.index} | `{r.sip_call_id}` | {r.lang} | {outcome} | {_ms(r.setup_s)} | {r.rtp_sent} | "
-            f"{ttf} | {r.finals} | {wer} |"
+            f"| {r.index} | `{r.sip_call_id}` | {leg}{r.lang} | {outcome} | {_ms(r.setup_s)} | "
+            f"{r.rtp_sent} | {ttf} | {r.finals} | {wer} |"
         )
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 

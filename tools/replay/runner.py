@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.replay import audio, plots, report, sdp
-from tools.replay.analysis import Stats, UtteranceTiming
+from tools.replay import audio, plots, report, sdp, siprec
+from tools.replay.analysis import ReceivedEvent, Stats, UtteranceTiming
 from tools.replay.config import ReplayConfig
 from tools.replay.events import EventReader
 from tools.replay.load import LoadShape
@@ -49,11 +49,23 @@ def languages(cfg: ReplayConfig) -> Iterator[str]:
 
 
 @dataclass(eq=False)
+class _LegRecord:
+    """One audio stream of a call: a plain call has one; a SIPREC call one per recorded party."""
+
+    clips: list[audio.AudioClip]
+    name: str = ""  # SIPREC: the leg name the gateway should give it ("" = the call's only leg)
+    label: str = ""
+    sock: RtpSocket | None = None
+    stream: RtpStream | None = None
+
+
+@dataclass(eq=False)
 class _CallRecord:
     index: int
     sip_call_id: str
     lang: str
-    clips: list[audio.AudioClip]
+    legs: list[_LegRecord]
+    vendor: str = ""  # SIPREC: the SRC whose offers this call's INVITE is shaped like
     outcome: str = "pending"
     detail: str = ""
     status: int | None = None
@@ -62,8 +74,6 @@ class _CallRecord:
     codec: str = ""
     ptime_ms: int = 0
     uac: UacCall | None = None
-    sock: RtpSocket | None = None
-    stream: RtpStream | None = None
     stop: asyncio.Future[None] | None = None
     provisional: list[int] = field(default_factory=list)
 
@@ -142,8 +152,9 @@ class _Run:
             logger.exception("call %s: unexpected error", rec.sip_call_id)
             rec.finish("failed", f"replay error: {exc!r}")
         finally:
-            if rec.sock is not None:
-                rec.sock.close()
+            for leg in rec.legs:
+                if leg.sock is not None:
+                    leg.sock.close()
             self.active -= 1
             self.concurrency.append((now() - self.t_start, self.active))
             self._changed.set()
@@ -153,15 +164,29 @@ class _Run:
     async def _call_inner(self, rec: _CallRecord) -> None:
         cfg = self.cfg
         try:
-            rec.sock = self.ports.open()
+            for leg in rec.legs:
+                leg.sock = self.ports.open()
         except OSError as exc:
             rec.finish("failed", f"no RTP port: {exc}")
             return
-        host, port = cfg.target
-        offer = sdp.build_offer(
-            cfg.local_ip, rec.sock.port, cfg.media.codec, cfg.media.ptime_ms, 1000 + rec.index, cfg.from_user
-        )
+        ports = [leg.sock.port for leg in rec.legs if leg.sock is not None]
         headers = (*cfg.headers, (cfg.lang_header, rec.lang)) if cfg.lang_header else cfg.headers
+        content_type, contact_params = "application/sdp", ""
+        if rec.vendor:
+            recording = siprec.build_offer(
+                rec.vendor, index=rec.index, ip=cfg.local_ip, ports=ports, session_id=1000 + rec.index
+            )
+            for leg, recorded in zip(rec.legs, recording.legs, strict=True):
+                leg.name, leg.label = recorded.expected_leg, recorded.label
+            body, content_type = recording.body, recording.content_type
+            # RFC 7866: an SRC requires the siprec extension and marks its Contact with +sip.src.
+            headers = (*headers, ("Require", "siprec"), *recording.headers)
+            contact_params = ";+sip.src"
+        else:
+            body = sdp.build_offer(
+                cfg.local_ip, ports[0], cfg.media.codec, cfg.media.ptime_ms, 1000 + rec.index, cfg.from_user
+            )
+        host, port = cfg.target
         hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         uac = UacCall(
             UacParams(
@@ -172,8 +197,10 @@ class _Run:
                 request_uri=f"sip:{cfg.to_user}@{hostport}",
                 from_uri=f"sip:{cfg.from_user}@{cfg.local_ip}",
                 to_uri=f"sip:{cfg.to_user}@{hostport}",
-                sdp_offer=offer,
+                sdp_offer=body,
                 contact_user=cfg.from_user,
+                content_type=content_type,
+                contact_params=contact_params,
                 extra_headers=headers,
                 t1_s=cfg.t1_s,
                 t2_s=cfg.t2_s,
@@ -208,36 +235,44 @@ class _Run:
         rec.status = uac.final_status
         rec.setup_s = setup.setup_s
         try:
-            answer = sdp.parse_answer(setup.sdp)
+            answers = self._answers(rec, setup.sdp)
         except sdp.SdpError as exc:
             rec.finish("failed", f"unusable SDP answer: {exc}")
             await self._hangup(uac, signals)
             return
-        ptime = answer.ptime_ms if answer.ptime_ms in (10, 20, 30, 40, 50, 60) else cfg.media.ptime_ms
-        rec.codec, rec.ptime_ms = answer.codec, ptime
-        plan = audio.plan_call(rec.clips, ptime, cfg.media.lead_ms, cfg.media.gap_ms, cfg.media.tail_ms)
-        stream = RtpStream(
-            plan, answer.codec, answer.payload_type, now(), ptime, cfg.impairments,
-            random.Random(cfg.seed * 1_000_003 + rec.index), self.lateness,
-        )  # fmt: skip
-        rec.stream = stream
-        try:
-            rec.sock.connect((answer.host, answer.port))
-        except OSError as exc:
-            rec.finish("failed", f"cannot send RTP to {answer.host}:{answer.port}: {exc}")
-            await self._hangup(uac, signals)
-            return
-        flow = self.pacer.add(stream, rec.sock)
-        waiting = {flow.done, signals.ended, self._stop_all}
+        first = answers[0]
+        ptime = first.ptime_ms if first.ptime_ms in (10, 20, 30, 40, 50, 60) else cfg.media.ptime_ms
+        rec.codec, rec.ptime_ms = first.codec, ptime
+        flows = []
+        last = len(rec.legs) - 1
+        for i, (leg, answer) in enumerate(zip(rec.legs, answers, strict=True)):
+            # SIPREC: the parties take turns (a later leg starts later); every leg ends with the same tail.
+            offset = i * cfg.leg_offset_ms
+            tail = cfg.media.tail_ms + (last - i) * cfg.leg_offset_ms
+            plan = audio.plan_call(leg.clips, ptime, cfg.media.lead_ms + offset, cfg.media.gap_ms, tail)
+            leg.stream = RtpStream(
+                plan, answer.codec, answer.payload_type, now(), ptime, cfg.impairments,
+                random.Random(cfg.seed * 1_000_003 + rec.index * 16 + i), self.lateness,
+            )  # fmt: skip
+            assert leg.sock is not None
+            try:
+                leg.sock.connect((answer.host, answer.port))
+            except OSError as exc:
+                rec.finish("failed", f"cannot send RTP to {answer.host}:{answer.port}: {exc}")
+                await self._hangup(uac, signals)
+                return
+            flows.append(self.pacer.add(leg.stream, leg.sock))
+        all_sent = asyncio.ensure_future(asyncio.gather(*(flow.done for flow in flows)))
+        waiting = {all_sent, signals.ended, self._stop_all}
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        if signals.ended.done():
+        stopped = not all_sent.done()
+        for flow in flows:
             self.pacer.stop(flow)
-            ended = signals.ended.result()
-            reason = ended.reason
-            rec.finish("failed", f"call ended before its audio did ({reason})")
+        if not all_sent.done():
+            all_sent.cancel()
+        if signals.ended.done():
+            rec.finish("failed", f"call ended before its audio did ({signals.ended.result().reason})")
             return
-        stopped = not flow.done.done()
-        self.pacer.stop(flow)
         ended_reason = await self._hangup(uac, signals)
         if stopped:
             rec.finish("stopped", "stopped by the operator")
@@ -245,6 +280,22 @@ class _Run:
             rec.finish("completed", "bye")
         else:
             rec.finish("failed", ended_reason)
+
+    @staticmethod
+    def _answers(rec: _CallRecord, body: bytes) -> list[sdp.MediaAnswer]:
+        """What to send on each leg, from the answer's m-lines in offer order (RFC 3264 §6)."""
+        answers = sdp.parse_answers(body)
+        if len(answers) < len(rec.legs):
+            raise sdp.SdpError(f"{len(answers)} audio m-line(s) for {len(rec.legs)} offered")
+        out = []
+        for leg, answer in zip(rec.legs, answers, strict=False):
+            if isinstance(answer, sdp.SdpError):
+                raise answer
+            if leg.label and answer.label != leg.label:
+                # RFC 7866: the SRS echoes each stream's a=label in its answer.
+                raise sdp.SdpError(f"m-line labelled {leg.label!r} answered with label {answer.label!r}")
+            out.append(answer)
+        return out
 
     async def _hangup(self, uac: UacCall, signals: _CallSignals) -> str:
         self.sip.hangup(uac)
@@ -286,8 +337,14 @@ class _Run:
     def _new_call(self) -> asyncio.Task[None]:
         index = len(self.records)
         lang = next(self.langs)
-        clips = self.picker.clips_for_call(lang, self.cfg.media.call_seconds, self.cfg.media.gap_ms)
-        rec = _CallRecord(index, f"{self.prefix}-{index:06d}@{self.cfg.local_ip}", lang, clips)
+        media = self.cfg.media
+        vendor = siprec.vendor_of_call(self.cfg.siprec, index) if self.cfg.siprec else ""
+        # Each leg its own speech: consecutive picks of the round robin are different files.
+        legs = [
+            _LegRecord(self.picker.clips_for_call(lang, media.call_seconds, media.gap_ms))
+            for _ in range(siprec.LEGS if vendor else 1)
+        ]
+        rec = _CallRecord(index, f"{self.prefix}-{index:06d}@{self.cfg.local_ip}", lang, legs, vendor)
         self.records.append(rec)
         return asyncio.create_task(self._call(rec), name=f"call-{index}")
 
@@ -360,8 +417,24 @@ class _Run:
             await self.reader.wait_call_end(rec.sip_call_id, remaining)
 
     # --- the report ---
-    def _call_result(self, rec: _CallRecord) -> report.CallResult:
-        stream, sock, uac = rec.stream, rec.sock, rec.uac
+    def _call_results(self, rec: _CallRecord) -> list[report.CallResult]:
+        """One result per leg (a plain call has one), each with its own media and transcripts."""
+        events = self.reader.events.get(rec.sip_call_id, []) if self.reader is not None else []
+        expected = {leg.name for leg in rec.legs}
+        strays = sum(
+            1
+            for e in events
+            if e.type in ("partial", "final", "dtmf") and e.fields.get("leg") not in expected
+        )
+        return [
+            self._leg_result(rec, leg, events, strays if i == 0 and rec.vendor else 0)
+            for i, leg in enumerate(rec.legs)
+        ]
+
+    def _leg_result(
+        self, rec: _CallRecord, leg: _LegRecord, events: list[ReceivedEvent], strays: int
+    ) -> report.CallResult:
+        stream, sock, uac = leg.stream, leg.sock, rec.uac
         kwargs: dict[str, Any] = {}
         if stream is not None:
             imp = stream.impairer
@@ -387,9 +460,7 @@ class _Run:
         if uac is not None:
             kwargs.update(invite_retransmits=uac.invite_retransmits, bye_retransmits=uac.bye_retransmits)
         if self.reader is not None and rec.setup_s is not None:
-            kwargs.update(
-                report.transcript_results(timings, self.reader.events.get(rec.sip_call_id, []), reference)
-            )
+            kwargs.update(report.transcript_results(timings, events, reference, leg=leg.name))
         elif timings:
             kwargs["utterances"] = tuple(
                 report.analysis.UtteranceResult(t.start_ms, t.end_ms, None, None, 0) for t in timings
@@ -398,7 +469,7 @@ class _Run:
             index=rec.index,
             sip_call_id=rec.sip_call_id,
             lang=rec.lang,
-            clips=tuple(c.name for c in rec.clips),
+            clips=tuple(c.name for c in leg.clips),
             outcome=rec.outcome,
             detail=rec.detail,
             status=rec.status,
@@ -406,11 +477,15 @@ class _Run:
             setup_s=rec.setup_s,
             codec=rec.codec,
             ptime_ms=rec.ptime_ms,
+            leg=leg.name,
+            vendor=rec.vendor,
+            label=leg.label,
+            events_on_other_legs=strays,
             **kwargs,
         )
 
     def _report(self, started_at: str, wall: float, cpu: float) -> report.Report:
-        results = tuple(self._call_result(r) for r in self.records)
+        results = tuple(result for r in self.records for result in self._call_results(r))
         lateness = self.lateness
         jitters = [flow.stream.jitter_s * 1000 for flow in self.pacer.flows]
         lat = Stats(

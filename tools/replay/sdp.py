@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 STATIC_PT = {"PCMU": 0, "PCMA": 8}
 TELEPHONE_EVENT_PT = 101
@@ -23,6 +23,7 @@ class MediaAnswer:
     telephone_event_pt: int | None
     ptime_ms: int | None
     direction: str
+    label: str | None = None  # a=label (SIPREC: which recorded stream this is)
 
 
 def build_offer(
@@ -52,74 +53,99 @@ def build_offer(
 def parse_answer(body: bytes) -> MediaAnswer:
     """The first audio m-line of an answer. RFC 3264 §6: the answerer lists the formats it will use
     in the order it prefers; we send the first G.711 one. Port 0 means the stream was refused."""
+    answers = parse_answers(body)
+    if not answers:
+        raise SdpError("no audio m-line in the answer")
+    first = answers[0]
+    if isinstance(first, SdpError):
+        raise first
+    return first
+
+
+def parse_answers(body: bytes) -> list[MediaAnswer | SdpError]:
+    """Every audio m-line of an answer in order (RFC 3264 §6: one per offered m-line): what to send
+    on it, or why nothing can be (refused with port 0, no G.711, a direction that forbids sending)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SdpError("SDP is not UTF-8") from exc
     session_host: str | None = None
-    media_host: str | None = None
-    port: int | None = None
-    fmts: list[int] = []
-    rtpmap: dict[int, str] = {}
-    ptime: int | None = None
-    direction = "sendrecv"
-    in_audio = False
-    seen_audio = False
+    session = _Section(audio=False)  # session-level ptime and direction
+    sections: list[_Section] = []
     for raw in text.splitlines():
         line = raw.strip()
         if len(line) < 2 or line[1] != "=":
             continue
         kind, value = line[0], line[2:]
+        current = sections[-1] if sections else None
         if kind == "m":
-            if seen_audio:
-                in_audio = False
-                continue
             parts = value.split()
-            if len(parts) >= 4 and parts[0] == "audio":
-                in_audio = seen_audio = True
+            section = _Section(audio=len(parts) >= 4 and parts[0] == "audio")
+            if section.audio:
                 try:
-                    port = int(parts[1].split("/")[0])
-                    fmts = [int(p) for p in parts[3:]]
+                    section.port = int(parts[1].split("/")[0])
+                    section.fmts = [int(p) for p in parts[3:]]
                 except ValueError as exc:
                     raise SdpError(f"bad m-line {line!r}") from exc
-            else:
-                in_audio = False
+            sections.append(section)
         elif kind == "c":
             parts = value.split()
             if len(parts) < 3:
                 raise SdpError(f"bad c-line {line!r}")
             host = parts[2].split("/")[0]
-            if in_audio:
-                media_host = host
-            elif not seen_audio:
+            if current is not None:
+                current.host = host
+            else:
                 session_host = host
-        elif kind == "a" and (in_audio or not seen_audio):
+        elif kind == "a":
             name, _, rest = value.partition(":")
-            if name == "rtpmap" and in_audio:
+            target = current if current is not None else session
+            if name == "rtpmap" and current is not None:
                 pt, _, enc = rest.partition(" ")
                 if pt.strip().isdigit():
-                    rtpmap[int(pt)] = enc.strip()
+                    current.rtpmap[int(pt)] = enc.strip()
             elif name == "ptime" and rest.strip().isdigit():
-                ptime = int(rest.strip())
+                target.ptime = int(rest.strip())
+            elif name == "label" and current is not None:
+                current.label = rest.strip()
             elif name in ("sendrecv", "sendonly", "recvonly", "inactive"):
-                direction = name
-    if port is None:
-        raise SdpError("no audio m-line in the answer")
-    if port == 0:
-        raise SdpError("the answer refused the audio stream (port 0)")
-    address = media_host or session_host
-    if address is None:
-        raise SdpError("no c-line for the audio stream")
-    if direction in ("sendonly", "inactive"):
-        raise SdpError(f"the answer does not let us send audio (a={direction})")
+                target.direction = name
+    # RFC 4566 §5.14 / RFC 3264 §5.1: session-level attributes are the defaults of every m= section.
+    return [m.answer(session_host, session) for m in sections if m.audio]
 
-    def encoding(pt: int) -> str:
-        if pt in rtpmap:
-            return rtpmap[pt].split("/")[0].upper()
+
+@dataclass(slots=True)
+class _Section:
+    """One m= section of an answer while it is read."""
+
+    audio: bool
+    port: int = 0
+    fmts: list[int] = field(default_factory=list)
+    host: str | None = None
+    rtpmap: dict[int, str] = field(default_factory=dict)
+    ptime: int | None = None
+    direction: str | None = None
+    label: str | None = None
+
+    def encoding(self, pt: int) -> str:
+        if pt in self.rtpmap:
+            return self.rtpmap[pt].split("/")[0].upper()
         return {0: "PCMU", 8: "PCMA"}.get(pt, "")
 
-    codec_pt = next((pt for pt in fmts if encoding(pt) in STATIC_PT), None)
-    if codec_pt is None:
-        raise SdpError(f"the answer has no G.711 format (formats {fmts})")
-    te = next((pt for pt in fmts if encoding(pt) == "TELEPHONE-EVENT"), None)
-    return MediaAnswer(address, port, encoding(codec_pt), codec_pt, te, ptime, direction)
+    def answer(self, session_host: str | None, session: _Section) -> MediaAnswer | SdpError:
+        direction = self.direction or session.direction or "sendrecv"
+        ptime = self.ptime if self.ptime is not None else session.ptime
+        if self.port == 0:
+            return SdpError("the answer refused the audio stream (port 0)")
+        address = self.host or session_host
+        if address is None:
+            return SdpError("no c-line for the audio stream")
+        if direction in ("sendonly", "inactive"):
+            return SdpError(f"the answer does not let us send audio (a={direction})")
+        codec_pt = next((pt for pt in self.fmts if self.encoding(pt) in STATIC_PT), None)
+        if codec_pt is None:
+            return SdpError(f"the answer has no G.711 format (formats {self.fmts})")
+        te = next((pt for pt in self.fmts if self.encoding(pt) == "TELEPHONE-EVENT"), None)
+        return MediaAnswer(
+            address, self.port, self.encoding(codec_pt), codec_pt, te, ptime, direction, self.label
+        )

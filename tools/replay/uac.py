@@ -90,8 +90,10 @@ class UacParams:
     request_uri: str  # sip:user@host:port
     from_uri: str
     to_uri: str
-    sdp_offer: bytes
+    sdp_offer: bytes  # the INVITE body: an SDP offer, or a SIPREC multipart body
     contact_user: str = "replay"
+    content_type: str = "application/sdp"
+    contact_params: str = ""  # after the Contact's URI, e.g. ";+sip.src" (RFC 7866: an SRC says so)
     extra_headers: tuple[tuple[str, str], ...] = ()
     t1_s: float = 0.5
     t2_s: float = 4.0
@@ -178,7 +180,8 @@ class UacCall:
 
     def _contact(self) -> str:
         transport = self.p.transport.lower()
-        return f"<sip:{self.p.contact_user}@{self.p.local_host}:{self.p.local_port};transport={transport}>"
+        uri = f"sip:{self.p.contact_user}@{self.p.local_host}:{self.p.local_port};transport={transport}"
+        return f"<{uri}>{self.p.contact_params}"
 
     def _from(self) -> str:
         return f"<{self.p.from_uri}>;tag={self.local_tag}"
@@ -198,7 +201,7 @@ class UacCall:
             ("Allow", ALLOW),
             ("User-Agent", "ttg-replay"),
             *self.p.extra_headers,
-            ("Content-Type", "application/sdp"),
+            ("Content-Type", self.p.content_type),
         ]
         return sipmsg.serialize(f"INVITE {self.p.request_uri} SIP/2.0", headers, self.p.sdp_offer)
 

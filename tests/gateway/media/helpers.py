@@ -10,8 +10,8 @@ import soxr
 from numpy.typing import NDArray
 
 from gateway.audio import g711
-from gateway.audio.media import AudioBlock, DtmfDigit, MediaConfig, MediaCore, MediaEvent, MediaTimeout
 from gateway.rtp.dtmf import TelephoneEvent
+from gateway.rtp.media import AudioBlock, DtmfDigit, MediaConfig, MediaCore, MediaEvent, MediaTimeout
 from gateway.rtp.sender import ScheduledPacket
 from gateway.rtp.seq import Unwrapper
 from gateway.sdp import MediaPlan

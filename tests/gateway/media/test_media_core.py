@@ -1,4 +1,4 @@
-"""The per-call media core on a fake clock: every receiver rule of gateway/audio/media.py."""
+"""The per-call media core on a fake clock: every receiver rule of gateway/rtp/media.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.audio import g711
-from gateway.audio.media import MediaConfig
 from gateway.rtp.dtmf import TelephoneEvent
+from gateway.rtp.media import MediaConfig
 from gateway.rtp.packet import RtpPacket, parse_rtp
 from gateway.rtp.sender import Impairments, RtpSender
 from tests.gateway.media.helpers import (

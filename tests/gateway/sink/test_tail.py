@@ -21,7 +21,7 @@ import redis
 
 from gateway.cli import main as ttg
 from gateway.events import CallEvent, to_fields
-from gateway.tail import TailView
+from gateway.tail import TailView, interleave
 
 ROOT = Path(__file__).resolve().parents[3]
 STREAM = "ttg:transcripts"
@@ -75,6 +75,46 @@ def test_the_call_filter_shows_only_that_call() -> None:
     view = TailView(call_id="c2")
     assert plain(view, fields("final", 1, call="c1", segment_id=0, text="x")) == []
     assert plain(view, fields("final", 1, call="c2", segment_id=0, text="y"))[0].endswith("y")
+
+
+PARTICIPANTS = json.dumps(
+    [
+        {"id": "p0", "name": "Customer", "aor": "sip:+15550100@x", "role": "caller", "legs": ["caller"]},
+        {"id": "p1", "name": "", "aor": "sip:7001@x", "role": "callee", "legs": ["callee"]},
+    ]
+)
+
+
+def test_a_recording_session_shows_who_speaks_on_each_leg() -> None:
+    view = TailView()
+    view.feed(fields("call_start", 1, extra={"participants": PARTICIPANTS}))
+    caller = plain(view, fields("final", 2, segment_id=0, text="hello", start_ms=0, end_ms=900))
+    callee = plain(
+        view, fields("final", 1, leg="callee", segment_id=0, text="hi", start_ms=1000, end_ms=1500)
+    )
+    assert "c1/caller (Customer)  #0" in caller[0] and "c1/callee (sip:7001@x)  #0" in callee[0]
+    view.feed(fields("call_end", 3, extra={"reason": "bye"}))
+    assert view.speakers == {}
+
+
+def test_a_calls_legs_are_interleaved_by_media_time_each_in_its_own_order() -> None:
+    def entry(n: int, kind: str, leg: str, seq: int, start: int | None = None) -> tuple[str, dict[str, str]]:
+        return f"{n}-0", fields(kind, seq, leg=leg, segment_id=seq, text=f"{leg}{seq}", start_ms=start)
+
+    committed = [
+        entry(1, "call_start", "caller", 1),
+        entry(2, "final", "caller", 2, 0),
+        entry(3, "final", "caller", 3, 4000),  # the caller's second sentence came out first ...
+        entry(4, "final", "callee", 1, 1500),  # ... before the callee's answer, which was said before it
+        entry(5, "dtmf", "callee", 2, 2500),
+        entry(6, "final", "callee", 3, 5000),
+        entry(7, "call_end", "caller", 4),
+    ]
+    order = [e[1]["type"] if e[1]["type"].startswith("call") else e[1]["text"] for e in interleave(committed)]
+    assert order == ["call_start", "caller2", "callee1", "callee2", "caller3", "callee3", "call_end"]
+    view = TailView()
+    shown = [line for e in interleave(committed) for line in plain(view, e[1])]
+    assert not any("not in the stream" in line for line in shown) and len(shown) == 7
 
 
 # --- the command against a real redis-server -----------------------------------------------------

@@ -286,13 +286,68 @@ def test_rejected_reinvite_keeps_the_call() -> None:
 
 
 def test_options_answers_200_with_allow_accept_supported() -> None:
-    ua = make_ua()
+    ua = make_ua(siprec=True)
     (ok,) = sends(ua.receive(request("OPTIONS"), UDP, 0.0))
     assert status_of(ok) == 200
     assert header(ok, "Allow") == "INVITE, ACK, BYE, CANCEL, OPTIONS"
-    assert header(ok, "Accept") == "application/sdp"
-    assert header(ok, "Supported") == ""
+    assert header(ok, "Accept") == (
+        "application/sdp, multipart/mixed, application/rs-metadata+xml, application/rs-metadata"
+    )
+    assert header(ok, "Supported") == "siprec"
     assert to_tag_of(ok)
+    (plain,) = sends(make_ua(siprec=False).receive(request("OPTIONS"), UDP, 0.0))
+    assert header(plain, "Accept") == "application/sdp" and header(plain, "Supported") == ""
+
+
+# --- SIPREC (RFC 7866) ------------------------------------------------------------------------------
+
+SIPREC_BODY = "--b\r\nContent-Type: application/sdp\r\n\r\n" + SDP_OFFER + "\r\n--b--\r\n"
+SRC = ("Require: siprec", "Contact: <sip:src@127.0.0.1:5070>;+sip.src")
+
+
+def test_a_recording_session_is_offered_and_answered_as_an_srs() -> None:
+    ua = make_ua(siprec=True)
+    data = invite(extra=SRC, content_type="multipart/mixed;boundary=b", body=SIPREC_BODY)
+    ref = offered(ua, data)
+    (ok,) = sends(ua.answer(ref, ANSWER, 0.1, recording=True))
+    assert status_of(ok.data) == 200
+    assert header(ok.data, "Require") == "siprec"
+    assert (header(ok.data, "Contact") or "").endswith(">;+sip.srs")
+    assert header(ok.data, "Content-Type") == "application/sdp"
+
+
+def test_siprec_is_only_required_in_the_answer_when_the_src_named_it() -> None:
+    ua = make_ua(siprec=True)
+    ref = offered(ua, invite(content_type="multipart/mixed;boundary=b", body=SIPREC_BODY))
+    (ok,) = sends(ua.answer(ref, ANSWER, 0.1, recording=True))
+    assert header(ok.data, "Require") is None and (header(ok.data, "Contact") or "").endswith(";+sip.srs")
+
+
+def test_require_siprec_with_another_extension_names_only_the_other() -> None:
+    ua = make_ua(siprec=True)
+    (r,) = sends(ua.receive(invite(extra=("Require: siprec, 100rel",)), UDP, 0.0))
+    assert status_of(r) == 420 and header(r, "Unsupported") == "100rel"
+
+
+def test_capacity_counts_streams_so_a_two_leg_call_takes_two_places() -> None:
+    ua = make_ua(admission=AdmissionConfig(max_calls=3, invite_rate_per_s=0))
+    first = offered(ua, invite(call_id="a@h"))
+    ua.set_streams(first, 2)  # a SIPREC session with two recorded streams
+    offered(ua, invite(call_id="b@h"))
+    assert (ua.active_calls, ua.active_streams) == (2, 3)
+    (full,) = sends(ua.receive(invite(call_id="c@h"), UDP, 0.1))
+    assert status_of(full) == 503 and header(full, "Retry-After")
+    ua.hangup(first, 0.2)  # ending: its streams no longer count
+    assert ua.active_streams == 1
+    assert codes(ua.receive(invite(call_id="d@h"), UDP, 0.3)) == [100]
+
+
+def test_with_siprec_off_a_recording_session_is_refused() -> None:
+    ua = make_ua(siprec=False)
+    (r,) = sends(ua.receive(invite(extra=SRC), UDP, 0.0))
+    assert status_of(r) == 420 and header(r, "Unsupported") == "siprec"
+    (r,) = sends(ua.receive(invite(content_type="multipart/mixed;boundary=b", body=SIPREC_BODY), UDP, 0.0))
+    assert status_of(r) == 415 and header(r, "Accept") == "application/sdp"
 
 
 def test_known_unsupported_methods_get_405_with_allow_and_unknown_ones_501() -> None:

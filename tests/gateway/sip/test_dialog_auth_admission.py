@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.sip.admission import Admission, AdmissionConfig
+from gateway.sip.admission import Admission, AdmissionConfig, OverloadGuard
 from gateway.sip.auth import AuthResult, DigestAuthenticator, DigestConfig, authorization_header
 from gateway.sip.dialog import TRANSITIONS, Dialog, DialogState, DialogStateError
 from gateway.sip.headers import Via, parse_credentials
@@ -184,3 +184,32 @@ def test_rate_limit_table_stays_bounded() -> None:
     for i in range(1000):
         adm.admit_invite(f"10.0.{i // 250}.{i % 250}", 0, float(i))
     assert len(adm._buckets) == 100
+
+
+def test_overload_turns_on_only_when_the_engine_lag_stays_high_and_off_below_half() -> None:
+    guard = OverloadGuard(max_lag_s=3.0, hold_s=2.0)
+    assert not guard.update(5.0, now=10.0) and not guard.overloaded  # a one-off stall
+    assert not guard.update(1.0, now=10.5)  # back under the bound: the clock restarts
+    guard.update(4.0, now=11.0)
+    assert not guard.overloaded
+    assert guard.update(4.0, now=13.0) and guard.overloaded  # above for 2 s
+    guard.update(2.0, now=14.0)
+    assert guard.overloaded  # below the bound but not below half: still refusing
+    assert guard.update(1.4, now=15.0) and not guard.overloaded
+    off = OverloadGuard(max_lag_s=0.0)
+    off.update(100.0, now=0.0)
+    off.update(100.0, now=10.0)
+    assert not off.overloaded
+
+
+def test_an_overloaded_engine_refuses_new_calls_with_503_and_a_retry_after_from_its_lag() -> None:
+    adm = Admission(AdmissionConfig(max_calls=100))
+    adm.overload = OverloadGuard(max_lag_s=1.0, hold_s=0.0)
+    assert adm.admit_invite("1.2.3.4", 5, now=0.0).admitted
+    adm.overload.update(3.2, now=1.0)
+    d = adm.admit_invite("1.2.3.4", 5, now=1.0)
+    assert (d.status, d.label, d.retry_after_s) == (503, "rejected_overload", 7)  # ceil(2 x 3.2)
+    adm.overload.update(120.0, now=2.0)
+    assert adm.admit_invite("1.2.3.4", 5, now=2.0).retry_after_s == 60  # bounded
+    adm.overload.update(0.1, now=3.0)
+    assert adm.admit_invite("1.2.3.4", 5, now=3.0).admitted

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from prometheus_client import REGISTRY
 
-from gateway.sip.agent import AgentConfig, CallEvent, CallOffered, UserAgent
+from gateway.sip.agent import AgentConfig, CallEvent, CallOffered, CallReleased, UserAgent
 from gateway.sip.endpoint import SipEndpoint
 from tests.gateway.sip.factories import SDP_OFFER, header, invite, request, status_of, to_tag_of
 
@@ -177,3 +177,49 @@ async def test_sip_metrics_count_requests_and_responses(endpoint: tuple[SipEndpo
     assert metric("ttg_sip_requests_total", method="OPTIONS") - before_req == 1
     assert metric("ttg_sip_responses_total", code="200") - before_resp == 1
     peer.transport.close()
+
+
+class _ScriptedAgent(UserAgent):
+    """The real core, except that answering also reports the call released at once: an action whose
+    effects include a call event, as hangup/timer paths can."""
+
+    def answer(
+        self,
+        call_ref: str,
+        sdp: bytes,
+        now: float,
+        *,
+        contact_host: str | None = None,
+        recording: bool = False,
+    ) -> list[Any]:
+        return [*super().answer(call_ref, sdp, now, contact_host=contact_host), CallReleased(call_ref, 200)]
+
+
+async def test_effects_of_an_action_taken_inside_a_handler_wait_their_turn() -> None:
+    seen: list[tuple[str, bool]] = []
+
+    class App:
+        inside = False
+
+        def on_sip_event(self, event: CallEvent) -> None:
+            seen.append((type(event).__name__, self.inside))
+            self.inside = True
+            try:
+                if isinstance(event, CallOffered):
+                    ep.answer(event.call_ref, ANSWER)
+                    seen.append(("answer returned", False))
+            finally:
+                self.inside = False
+
+    ep = SipEndpoint(_ScriptedAgent(AgentConfig(host="127.0.0.1", port=0)), App(), host="127.0.0.1", port=0)
+    await ep.start()
+    try:
+        peer, port = await udp_peer()
+        assert peer.transport is not None
+        peer.transport.sendto(invite(via_host=f"127.0.0.1:{port}"), ("127.0.0.1", ep.port))
+        assert status_of(await peer.recv()) == 100
+        assert status_of(await peer.recv()) == 200
+        # Never re-entered: the release reported by `answer` came after the offer's handler returned.
+        assert seen == [("CallOffered", False), ("answer returned", False), ("CallReleased", False)]
+    finally:
+        await ep.close()

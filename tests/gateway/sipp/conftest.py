@@ -7,7 +7,7 @@ import asyncio
 import random
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from gateway.audio.media import MediaConfig
-from gateway.calls import FrontEndConfig, TelephonyFrontEnd
+from gateway.call.core import CallConfig
+from gateway.call.frontend import FrontEndConfig, TelephonyFrontEnd
+from gateway.call.legs import LocalLegs
+from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import MediaManager
 from tests.fixtures import peers
 from tests.fixtures.telephony import MemoryPublisher, RecordingEngine, SippResult, run_sipp
@@ -65,10 +67,15 @@ async def gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
             port_max=base + 400,
             quarantine_s=0.0,
         )
-        cfg = replace(FrontEndConfig(sip_host="127.0.0.1", sip_port=0, finish_timeout_s=5.0), **config)
+        call_fields = {f.name for f in fields(CallConfig)}
+        call = replace(
+            CallConfig(finish_timeout_s=5.0), **{k: v for k, v in config.items() if k in call_fields}
+        )
+        sip = {k: v for k, v in config.items() if k not in call_fields}
+        cfg = FrontEndConfig(sip_host="127.0.0.1", sip_port=0, call=call, **sip)
         engine = RecordingEngine()
         publisher = MemoryPublisher()
-        frontend = TelephonyFrontEnd(cfg, engine, publisher, media)
+        frontend = TelephonyFrontEnd(cfg, LocalLegs(engine, media), publisher)
         await frontend.start()
         gw = Gateway(frontend, engine, publisher, media, tmp_path)
         made.append(gw)

@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 from prometheus_client import REGISTRY
 
 from gateway.audio import g711
-from gateway.audio.media import MediaConfig
+from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import CallMedia
 from tests.gateway.sip.factories import invite, request
 from tests.gateway.sipp.conftest import Gateway, GatewayFactory, Speech, make_speech

@@ -53,6 +53,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from gateway.addresses import is_unspecified
 from gateway.audio.pipeline import SAMPLES_PER_MS, AudioBlock, AudioPipeline
 from gateway.rtp.dtmf import DtmfDecoder, DtmfEvent, TelephoneEvent
 from gateway.rtp.jitter_buffer import DUPLICATE, LATE, JitterBuffer
@@ -93,7 +94,7 @@ class MediaSink(Protocol):
         """One RFC 4733 key press, exactly once, with its place on the media timeline."""
 
     def on_inactive(self) -> None:
-        """No RTP/RTCP for the (hold-aware) inactivity timeout; the session should end the call."""
+        """No RTP/RTCP for the (hold-aware) inactivity timeout; the call should end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +315,7 @@ class MediaCore:
         if plan.codec != self._plan.codec:
             self._pipeline.set_codec(plan.codec, self._events)
         remote = (plan.remote_host, plan.remote_port)
-        if plan.remote_host not in ("0.0.0.0", "::") and remote != self._remote:
+        if not is_unspecified(plan.remote_host) and remote != self._remote:
             # RFC 4961 leaves it to signalling: a new address in the SDP means a new media source.
             logger.info("remote RTP address changed %s -> %s: re-latching", self._remote, remote)
             self._remote = remote

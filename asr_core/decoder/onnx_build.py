@@ -1,4 +1,6 @@
-"""decoder.onnx and joiner.onnx built node by node with onnx.helper (no torch export needed).
+"""decoder.onnx and joiner.onnx built node by node with onnx.helper (no torch export needed): what
+`ttg make-bundle`/`ttg export` write, and what the loader builds in memory for a bundle that holds
+the prediction network and joint as weights (the MLX layouts).
 
 I/O follows the bundle contract (docs/architecture.md; the published export's names, model_spec.md §6.1)
 with a symbolic batch dimension:

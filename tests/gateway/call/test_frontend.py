@@ -1,66 +1,21 @@
-"""TelephonyFrontEnd with hand-written SIP over loopback UDP, a signalling-only fake media manager and
-the recording ASR engine: per-call choices, refusals, re-INVITEs, drain and shutdown."""
+"""TelephonyFrontEnd with hand-written SIP over loopback UDP, the in-process legs over a signalling-only
+fake media manager and the recording ASR engine: the effects of the call core carried out on real
+sockets (answers, refusals, re-INVITEs, drain and shutdown)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from gateway.calls import FrontEndConfig, TelephonyFrontEnd, call_metadata, choose_language, dialed_number
+from gateway.call.core import CallConfig
+from gateway.call.frontend import FrontEndConfig, TelephonyFrontEnd
+from gateway.call.legs import LocalLegs
 from gateway.config import Settings
-from gateway.sip.agent import Flow
-from gateway.sip.message import SipRequest, parse_message
 from tests.fixtures.telephony import FakeMediaManager, MemoryPublisher, RecordingEngine, UdpPeer
 from tests.gateway.sip.factories import SDP_OFFER, header, invite, request, to_tag_of
-
-
-def req(data: bytes) -> SipRequest:
-    message = parse_message(data)
-    assert isinstance(message, SipRequest)
-    return message
-
-
-# --- pure choices ---------------------------------------------------------------------------------
-
-
-def test_language_comes_from_the_header_then_the_dialed_number_then_the_default() -> None:
-    dnis = {"+4930123": "de-DE", "+380*": "uk-UA", "+38044*": "ru-RU"}
-    pick = lambda data: choose_language(req(data), header="X-Language", dnis_languages=dnis, default="en-US")  # noqa: E731
-    assert pick(invite(extra=("X-Language: fr-FR",))) == ("fr-FR", "header")
-    assert pick(invite(uri="sip:+4930123@127.0.0.1")) == ("de-DE", "dnis")
-    assert pick(invite(uri="sip:+380441234567@gw")) == ("ru-RU", "dnis")  # longest prefix wins
-    assert pick(invite(uri="sip:+380501234567@gw")) == ("uk-UA", "dnis")
-    assert pick(invite(uri="sip:999@gw")) == ("en-US", "default")
-    # A header value that is not a locale is ignored (never passed to the engine).
-    assert pick(invite(uri="sip:+4930123@gw", extra=("X-Language: ../../etc",))) == ("de-DE", "dnis")
-
-
-def test_dialed_number_from_sip_and_tel_uris() -> None:
-    assert dialed_number(req(invite(uri="sip:%2B4930123@gw;user=phone"))) == "+4930123"
-    assert dialed_number(req(invite(uri="tel:+15551234;phone-context=x"))) == "+15551234"
-
-
-def test_metadata_carries_from_to_pai_and_only_allow_listed_headers() -> None:
-    data = invite(
-        extra=(
-            "P-Asserted-Identity: <sip:+15550100@pbx>",
-            "X-Tenant: acme",
-            "X-Secret-Token: hunter2",
-            "X-Case: Ünïcödé",
-        )
-    )
-    meta = call_metadata(req(data), Flow("udp", ("127.0.0.1", 5070)), ["X-Tenant", "x-case"])
-    assert meta["from"] == '"Alice" <sip:alice@127.0.0.1:5070>;tag=uac-tag'
-    assert meta["to"] == "<sip:1000@127.0.0.1:5060>"
-    assert (meta["ani"], meta["dnis"]) == ("alice", "1000")
-    assert meta["pai"] == "<sip:+15550100@pbx>"
-    assert json.loads(meta["headers"]) == {"X-Tenant": "acme", "X-Case": "Ünïcödé"}
-    assert (meta["source"], meta["transport"]) == ("127.0.0.1:5070", "udp")
 
 
 def test_config_from_settings() -> None:
@@ -72,8 +27,8 @@ def test_config_from_settings() -> None:
     cfg = FrontEndConfig.from_settings(settings, model_name="nemotron")
     assert (cfg.sip_port, cfg.admission.max_calls, cfg.admission.invite_rate_per_s) == (5080, 7, 2.0)
     assert cfg.digest is not None and cfg.digest.username == "pbx"
-    assert cfg.dnis_languages == {"100": "de-DE"} and cfg.default_language == "uk-UA"
-    assert cfg.answer_delay_s == 0.25 and cfg.timers.t1 == 0.25 and cfg.model_name == "nemotron"
+    assert cfg.call.dnis_languages == {"100": "de-DE"} and cfg.call.default_language == "uk-UA"
+    assert cfg.call.answer_delay_s == 0.25 and cfg.timers.t1 == 0.25 and cfg.call.model_name == "nemotron"
 
 
 # --- the front end on loopback --------------------------------------------------------------------
@@ -115,12 +70,12 @@ RigFactory = Callable[..., Awaitable[Rig]]
 async def rig() -> AsyncIterator[RigFactory]:
     made: list[Rig] = []
 
-    async def make(*, engine: RecordingEngine | None = None, media: Any = None, **config: Any) -> Rig:
-        cfg = replace(FrontEndConfig(sip_host="127.0.0.1", sip_port=0, finish_timeout_s=2.0), **config)
+    async def make(*, engine: RecordingEngine | None = None, media: Any = None, **call: Any) -> Rig:
+        cfg = FrontEndConfig(sip_host="127.0.0.1", sip_port=0, call=CallConfig(finish_timeout_s=2.0, **call))
         engine = engine or RecordingEngine()
         media = media or FakeMediaManager()
         publisher = MemoryPublisher()
-        r = Rig(TelephonyFrontEnd(cfg, engine, publisher, media), engine, publisher, media)
+        r = Rig(TelephonyFrontEnd(cfg, LocalLegs(engine, media), publisher), engine, publisher, media)
         await r.frontend.start()
         made.append(r)
         return r
@@ -194,18 +149,8 @@ async def test_no_rtp_port_is_503_and_the_session_still_closes_its_stream(rig: R
     peer.close()
 
 
-class SlowMedia(FakeMediaManager):
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = asyncio.Event()
-
-    async def open(self, plan: Any, sink: Any, *, name: str = "") -> Any:
-        await self.release.wait()
-        return await super().open(plan, sink, name=name)
-
-
 async def test_cancel_while_the_rtp_port_is_opening_closes_it_when_it_arrives(rig: RigFactory) -> None:
-    media = SlowMedia()
+    media = FakeMediaManager(held=True)
     r = await rig(media=media)
     peer = await r.peer()
     peer.send(invite(via_host=f"127.0.0.1:{peer.port}", branch="z9hG4bKslow"))
@@ -315,4 +260,14 @@ async def test_delayed_offer_whose_ack_has_no_answer_is_hung_up(rig: RigFactory)
     await r.settle()
     (end,) = r.publisher.ends().values()
     assert end.extra["reason"] == "error"
+    peer.close()
+
+
+async def test_a_failure_inside_the_call_core_answers_500_and_leaves_no_call(rig: RigFactory) -> None:
+    r = await rig(codecs=("G729",))  # a configuration the negotiation rejects with an exception
+    peer = await r.peer()
+    peer.send(invite(via_host=f"127.0.0.1:{peer.port}"))
+    await peer.recv_status(500)
+    await r.settle()
+    assert r.frontend.active_calls == 0 and r.publisher.events == []
     peer.close()

@@ -1,0 +1,264 @@
+"""A media worker process: RTP receive, jitter buffer, G.711, resampling and the ASR front end
+(log-mel, chunking, frame energies) for the call legs the main process gives it.
+
+    python -m gateway.workers.media_worker --index I --control FD --chunks END --spec FILE --media JSON
+
+Per leg it owns an RTP/RTCP port pair from its own share of the port range (`gateway.rtp.receiver`
+does the sockets, `MediaCore` the packets) and a `StreamFrontEnd`; the leg's 16 kHz blocks go through
+the front end and its chunks straight to the engine process (`ChunkSender`, flushed once per event-loop
+turn). DTMF and inactivity go to the main process as control messages (gateway.workers.protocol).
+
+Order per leg, as in one process: `close` flushes the media's last audio into the front end and
+answers with the stats; `finish` then ends the ASR stream (the front end's last short chunk, FINISH).
+If the main process goes away (its control socket closes) the worker aborts its legs and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from asr_core.channel import ChannelEnd, ChannelWriter
+from asr_core.frontend import FrontEndFactory, FrontEndSpec, StreamFrontEnd
+from asr_core.remote import ChunkSender
+from gateway.logs import configure_logging
+from gateway.rtp.media import MediaConfig
+from gateway.rtp.ports import PortsExhausted
+from gateway.rtp.receiver import CallMedia, MediaManager
+from gateway.workers.protocol import CounterDeltas, line, plan_from_json, stats_to_json
+
+logger = logging.getLogger(__name__)
+
+METRICS_PERIOD_S = 1.0
+
+
+@dataclass(eq=False)
+class _Leg:
+    """One leg: its ASR front end and key (the MediaSink of its CallMedia)."""
+
+    worker: MediaWorker
+    name: str
+    key: int
+    front: StreamFrontEnd
+    media: CallMedia | None = None
+    accepting: bool = True  # audio goes into the front end until the stream is finished or aborted
+    finished: bool = False
+
+    def on_audio(self, pcm16k: NDArray[np.float32], start_ms: int) -> None:
+        if not self.accepting:
+            return
+        payloads = self.front.push(pcm16k)
+        if payloads:
+            self.worker.sender.chunks(self.key, payloads, self.front.samples)
+            self.worker.dirty()
+
+    def on_dtmf(self, digit: str, start_ms: int, duration_ms: int) -> None:
+        self.worker.send({"op": "dtmf", "leg": self.name, "digit": digit, "start_ms": start_ms,
+                          "duration_ms": duration_ms})  # fmt: skip
+
+    def on_inactive(self) -> None:
+        self.worker.send({"op": "inactive", "leg": self.name})
+
+
+class MediaWorker:
+    def __init__(
+        self,
+        index: int,
+        sender: ChunkSender,
+        factory: FrontEndFactory,
+        manager: MediaManager,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.index = index
+        self.sender = sender
+        self.factory = factory
+        self.manager = manager
+        self._writer = writer
+        self.legs: dict[str, _Leg] = {}
+        self._flush_scheduled = False
+        self._loop = asyncio.get_running_loop()
+        self._deltas = CounterDeltas()
+
+    # -- to the engine and to the main process ----------------------------------------------------
+
+    def dirty(self) -> None:
+        """Chunks were written: publish them once this event-loop turn is done."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self.sender.flush():  # the ring is full: the engine is behind; try again shortly
+            self._flush_scheduled = True
+            self._loop.call_later(0.005, self._flush)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        if not self._writer.is_closing():
+            self._writer.write(line(msg))
+
+    # -- commands --------------------------------------------------------------------------------
+
+    async def handle(self, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        name = str(msg.get("leg", ""))
+        if op == "open":
+            await self._open(name, msg)
+        elif op == "update":
+            leg = self.legs.get(name)
+            plan = plan_from_json(msg.get("plan"))
+            if leg is not None and leg.media is not None and plan is not None:
+                leg.media.update(plan)
+        elif op == "close":
+            self._close(name)
+        elif op == "finish":
+            self._finish(name)
+        elif op == "abort":
+            self._abort(name)
+
+    async def _open(self, name: str, msg: dict[str, Any]) -> None:
+        lookahead = msg.get("lookahead")
+        lookahead = self.factory.spec.default_lookahead if lookahead is None else int(lookahead)
+        key = int(msg["key"])
+        leg = _Leg(self, name, key, self.factory.stream(lookahead))
+        self.legs[name] = leg
+        self.sender.open(
+            key, lookahead, str(msg.get("language") or "auto"), str(msg.get("stream_id") or name)
+        )
+        self.dirty()
+        try:
+            leg.media = await self.manager.open(plan_from_json(msg.get("plan")), leg, name=name)
+        except (PortsExhausted, OSError) as e:
+            self.send({"op": "open_failed", "leg": name, "error": str(e), "exhausted": True})
+            return
+        except Exception as e:
+            logger.exception("leg %s: opening media failed", name)
+            self.send({"op": "open_failed", "leg": name, "error": str(e), "exhausted": False})
+            return
+        self.send({"op": "opened", "leg": name, "port": leg.media.port})
+
+    def _close(self, name: str) -> None:
+        leg = self.legs.get(name)
+        if leg is None:
+            self.send({"op": "closed", "leg": name, "stats": None, "audio_ms": 0})
+            return
+        stats = leg.media.close() if leg.media is not None else None  # last audio into the front end
+        leg.media = None
+        self.send({"op": "closed", "leg": name, "stats": None if stats is None else stats_to_json(stats),
+                   "audio_ms": leg.front.audio_ms})  # fmt: skip
+        if leg.finished:
+            del self.legs[name]
+
+    def _finish(self, name: str) -> None:
+        leg = self.legs.get(name)
+        if leg is None or leg.finished:
+            return
+        leg.accepting = False
+        leg.finished = True
+        payloads, last_is_final = leg.front.finish()
+        self.sender.chunks(leg.key, payloads, leg.front.samples, last_is_final=last_is_final)
+        if not last_is_final:
+            self.sender.finish(leg.key, leg.front.samples)
+        self.dirty()
+        if leg.media is None:
+            del self.legs[name]
+
+    def _abort(self, name: str) -> None:
+        leg = self.legs.pop(name, None)
+        if leg is None:
+            return
+        if leg.media is not None:
+            leg.media.close()
+        if not leg.finished:
+            self.sender.close(leg.key)
+            self.dirty()
+
+    def abort_all(self) -> None:
+        for name in list(self.legs):
+            self._abort(name)
+        self.sender.flush()
+
+    async def metrics_loop(self) -> None:
+        while True:
+            await asyncio.sleep(METRICS_PERIOD_S)
+            self.send({"op": "metrics", "counters": self._deltas.take(), "streams": self.manager.streams})
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    spec = FrontEndSpec.from_json(json.loads(Path(args.spec).read_text()))
+    media = json.loads(args.media)
+    config = MediaConfig(**media["config"])
+    manager = MediaManager(
+        config,
+        host=media["host"],
+        port_min=int(media["port_min"]),
+        port_max=int(media["port_max"]),
+        quarantine_s=float(media.get("quarantine_s", 2.0)),
+    )
+    sender = ChunkSender(ChannelWriter.open(ChannelEnd.decode(args.chunks)))
+    reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=args.control))
+    worker = MediaWorker(args.index, sender, FrontEndFactory(spec), manager, writer)
+    worker.send({"op": "ready", "index": args.index, "ports": [media["port_min"], media["port_max"]]})
+    metrics = asyncio.create_task(worker.metrics_loop())
+    try:
+        while True:
+            raw = await reader.readline()
+            if not raw:
+                break  # the main process is gone
+            msg = json.loads(raw)
+            if msg.get("op") == "stop":
+                break
+            try:
+                await worker.handle(msg)
+            except Exception:
+                logger.exception("media worker %d: command %s failed", args.index, msg.get("op"))
+    finally:
+        metrics.cancel()
+        worker.abort_all()
+        worker.send({"op": "metrics", "counters": worker._deltas.take(), "streams": 0})
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+        sender.writer.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gateway.workers.media_worker")
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--control", type=int, required=True, help="control socket fd (inherited)")
+    p.add_argument("--chunks", required=True, help="chunk channel end to the engine (fd:size:fd)")
+    p.add_argument("--spec", required=True, help="front-end spec (JSON file)")
+    p.add_argument("--media", required=True, help="MediaConfig and port range (JSON)")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--uvloop", action="store_true")
+    p.add_argument("--role", default="", help="a name for process listings")
+    args = p.parse_args(argv)
+    configure_logging(logging.getLevelNamesMapping().get(args.log_level.upper(), logging.INFO))
+    loop_factory = None
+    if args.uvloop:
+        with contextlib.suppress(ImportError):
+            import uvloop
+
+            loop_factory = uvloop.new_event_loop
+    t0 = time.monotonic()
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        code = runner.run(_serve(args))
+    logger.debug("media worker %d ran %.0f s", args.index, time.monotonic() - t0)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

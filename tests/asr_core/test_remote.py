@@ -1,0 +1,163 @@
+"""The engine in its own process, fed by front-end processes over shared-memory channels (real tiny
+model, real processes): the same transcripts as in one process; a front end or the engine that dies
+is seen, and what was decoded before is not lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asr_core.api import StreamEnded, StreamOptions, TranscriptEvent
+from asr_core.config import DecoderConfig, EngineConfig, SchedulerConfig
+from asr_core.engine import AsrEngine
+from asr_core.model import AsrModel
+from asr_core.remote import EngineProcess
+from asr_core.wire import Event, Step
+from tools.bench.engine import synthetic_call
+
+SECONDS = 3.0
+
+
+def _config() -> EngineConfig:
+    return EngineConfig(
+        scheduler=SchedulerConfig(max_batch=16, max_wait_ms=5.0, max_queued_chunks=1000),
+        decoder=DecoderConfig(mode="batched", workers=2),
+    )
+
+
+def _start_feeder(
+    engine: EngineProcess, i: int, spec_file: Path, *, calls: int, first_key: int, die_after: float = 0.0
+) -> subprocess.Popen[str]:
+    end = engine.front_end_ends()[i]
+    cmd = [
+        sys.executable, "-m", "tools.bench.feeder", "--channel", end.encode(), "--spec", str(spec_file),
+        "--calls", str(calls), "--seconds", str(SECONDS), "--first-key", str(first_key),
+        "--seed", str(first_key),
+    ]  # fmt: skip
+    # A feeder that is to die mid-stream sends in real time; the others as fast as the channel takes.
+    cmd += ["--die-after", str(die_after)] if die_after else ["--fast"]
+    return subprocess.Popen(cmd, pass_fds=end.fds(), stdout=subprocess.PIPE, text=True)
+
+
+def _collect(
+    engine: EngineProcess, want_ends: int, timeout: float = 120.0
+) -> tuple[dict[int, list[Any]], int]:
+    """Events per key until `want_ends` StreamEnded came; and how many encoder steps were reported."""
+    assert engine.results is not None
+    events: dict[int, list[Any]] = {}
+    ends = steps = 0
+    deadline = time.monotonic() + timeout
+    while ends < want_ends and time.monotonic() < deadline:
+        select.select([engine.results], [], [], 1.0)
+        for out in engine.read_results():
+            if isinstance(out, Event):
+                events.setdefault(out.key, []).append(out.event)
+                ends += isinstance(out.event, StreamEnded)
+            elif isinstance(out, Step):
+                steps += 1
+    return events, steps
+
+
+def _text(events: list[Any]) -> list[tuple[str, int, str, int, int, tuple[int, ...]]]:
+    return [
+        (e.kind, e.segment_id, e.text, e.start_ms, e.end_ms, e.token_ids)
+        for e in events
+        if isinstance(e, TranscriptEvent)
+    ]
+
+
+@pytest.fixture
+def engine_process(tiny_bundle: Path, tmp_path: Path) -> Any:
+    engine = EngineProcess(tiny_bundle, "f32", _config(), front_ends=2)
+    spec = engine.start(timeout=300)
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec.to_json()))
+    yield engine, spec_file
+    if engine.proc is not None and engine.proc.poll() is None:
+        engine.shutdown(drain=False, timeout=5)
+    engine.close()
+
+
+def test_streams_from_two_front_end_processes_get_the_transcripts_of_one_process(
+    engine_process: Any, tiny_bundle: Path
+) -> None:
+    engine, spec_file = engine_process
+    feeders = [
+        _start_feeder(engine, 0, spec_file, calls=2, first_key=0),
+        _start_feeder(engine, 1, spec_file, calls=2, first_key=100),
+    ]
+    engine.handed_over()
+    events, steps = _collect(engine, want_ends=4)
+    for f in feeders:
+        assert f.wait(30) == 0
+    assert sorted(events) == [0, 1, 100, 101]
+    assert all(isinstance(ev[-1], StreamEnded) and ev[-1].reason == "finished" for ev in events.values())
+    assert steps > 0  # the engine's hooks came along
+
+    # The same audio through an engine in this process, stream by stream.
+    model = AsrModel.load(tiny_bundle, "f32")
+    with AsrEngine(model, _config()) as local:
+        for key in events:
+            got: list[Any] = []
+            s = local.open_stream(f"call-{key}", StreamOptions(language="en-US"), got.append)
+            audio = synthetic_call(SECONDS, seed=key)
+            for a in range(0, audio.size, 1280):
+                s.push(audio[a : a + 1280])
+            s.finish()
+            deadline = time.monotonic() + 60
+            while not (got and isinstance(got[-1], StreamEnded)) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert _text(events[key]) == _text(got), f"stream {key}"
+            assert events[key][-1].audio_ms == got[-1].audio_ms
+            assert _text(got)  # there is text to compare
+    assert engine.shutdown(drain=True, timeout=10) == 0
+
+
+def test_a_front_end_that_dies_has_its_streams_closed_with_what_was_decoded(engine_process: Any) -> None:
+    engine, spec_file = engine_process
+    survivor = _start_feeder(engine, 0, spec_file, calls=1, first_key=0)
+    doomed = _start_feeder(engine, 1, spec_file, calls=1, first_key=100, die_after=1.5)
+    engine.handed_over()
+    events, _ = _collect(engine, want_ends=2)
+    assert doomed.wait(30) == 3 and survivor.wait(30) == 0
+    assert events[0][-1].reason == "finished"
+    ended = events[100][-1]
+    assert isinstance(ended, StreamEnded) and ended.reason == "closed"
+    assert 0 < ended.audio_ms < SECONDS * 1000  # it got part of its audio through
+    assert engine.shutdown(drain=True, timeout=10) == 0
+
+
+def test_an_unknown_language_ends_the_stream_with_an_error(engine_process: Any) -> None:
+    engine, _spec_file = engine_process
+    end = engine.front_end_ends()[0]
+    code = (
+        "import sys; from asr_core.channel import ChannelEnd, ChannelWriter; "
+        "from asr_core.remote import ChunkSender; "
+        "s = ChunkSender(ChannelWriter.open(ChannelEnd.decode(sys.argv[1]))); "
+        "s.open(7, None, 'xx-XX', 'bad'); s.flush(); import time; time.sleep(1)"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code, end.encode()], pass_fds=end.fds())
+    engine.handed_over()
+    events, _ = _collect(engine, want_ends=1)
+    assert p.wait(30) == 0
+    (ended,) = events[7]
+    assert isinstance(ended, StreamEnded) and ended.reason == "error" and "xx-XX" in (ended.error or "")
+
+
+def test_the_parent_sees_the_engine_process_die(engine_process: Any) -> None:
+    engine, _ = engine_process
+    engine.handed_over()
+    assert engine.poll_control()
+    os.kill(engine.pid, signal.SIGKILL)
+    engine.proc.wait(10)
+    assert not engine.poll_control()
+    assert engine.failure is not None and "exited" in engine.failure

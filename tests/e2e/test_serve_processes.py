@@ -1,0 +1,135 @@
+"""The multi-process gateway when a process dies: a media worker killed mid-call ends its calls as
+errors with their finals and call_end while the gateway goes on (other calls continue, new calls are
+taken, SIGTERM still exits 0); the engine process killed ends every call and exits 1 for the
+supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.sink.audit import audit, read_stream
+from tests.e2e.conftest import DATA, SIPP_DATA, STREAM, Serve, Speech, sipp_calls, until
+
+pytestmark = [pytest.mark.sipp, pytest.mark.redis, pytest.mark.slow]
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The process's children: pid -> command line."""
+    out = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                out[int(p.name)] = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _callers(gw: Serve, speech: Speech, workdir: Path, n: int) -> asyncio.Task[Any]:
+    """n callers that keep talking (their file in a loop) until the gateway hangs up."""
+    return asyncio.create_task(
+        asyncio.to_thread(
+            sipp_calls, gw.sip_port, DATA / "uac_stream_until_bye.xml", workdir,
+            speech=speech, calls=n, rate=20, loops=-1, timeout_s=90,
+        )
+    )  # fmt: skip
+
+
+def _talking(redis_url: str, n: int) -> Callable[[], bool]:
+    def check() -> bool:
+        entries = read_stream(redis_url, STREAM)
+        started = {f["call_id"] for _, f in entries if f["type"] == "call_start"}
+        talking = {f["call_id"] for _, f in entries if f["type"] in ("partial", "final")}
+        return len(started) >= n and talking >= started
+
+    return check
+
+
+@pytest.fixture
+def workers_gateway(tiny_bundle: Path, redis_url: str, tmp_path: Path) -> Iterator[Serve]:
+    gw = Serve(tmp_path / "serve", bundle=tiny_bundle, redis_url=redis_url, mode="media_workers",
+               env={"TTG_DAEMON__SHUTDOWN_GRACE_S": "0"})  # fmt: skip
+    yield gw
+    gw.stop(timeout_s=20.0)
+
+
+async def test_a_media_worker_that_dies_ends_its_calls_as_errors_and_the_gateway_goes_on(
+    workers_gateway: Serve, redis_url: str, short_speech: Speech, tmp_path: Path
+) -> None:
+    gw = workers_gateway
+    await asyncio.to_thread(gw.start)
+    callers = _callers(gw, short_speech, tmp_path / "callers", 4)
+    await until(_talking(redis_url, 4), "4 calls transcribing", timeout_s=60, detail=gw.log_tail)
+    workers = {pid: cmd for pid, cmd in _children(gw.pid).items() if "gateway.workers.media_worker" in cmd}
+    assert len(workers) == 2, workers
+    victim = next(pid for pid, cmd in workers.items() if "--index 0" in cmd)
+    os.kill(victim, signal.SIGKILL)
+
+    def two_ended() -> bool:
+        return sum(1 for _, f in read_stream(redis_url, STREAM) if f["type"] == "call_end") == 2
+
+    await until(two_ended, "the dead worker's 2 calls ended", timeout_s=30, detail=gw.log_tail)
+    assert gw.running
+    status, body = gw.readyz()
+    assert status == 200, body  # the gateway goes on with the other worker
+    assert gw.metric("ttg_media_worker_deaths_total") == 1
+    assert gw.metric("ttg_media_workers") == 1
+
+    # The survivors keep transcribing, and a new call goes to the living worker.
+    before = len(read_stream(redis_url, STREAM))
+    await until(lambda: len(read_stream(redis_url, STREAM)) > before + 2, "more transcripts", timeout_s=30)
+    newcomer = await asyncio.to_thread(
+        sipp_calls, gw.sip_port, SIPP_DATA / "uac_stream.xml", tmp_path / "newcomer",
+        speech=short_speech, hold_ms=short_speech.ms + 1500, timeout_s=60,
+    )  # fmt: skip
+    assert newcomer.stats.get("SuccessfulCall(C)") == 1, newcomer.stderr + newcomer.errors
+
+    gw.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
+    await callers
+
+    entries = read_stream(redis_url, STREAM)
+    starts = [f["call_id"] for _, f in entries if f["type"] == "call_start"]
+    report = audit(entries, ended=starts)
+    assert not report.problems, report.problems  # every call: call_start ... call_end, seq gapless
+    ends = [events[-1] for events in report.calls.values()]
+    errors = [e for e in ends if e["reason"] == "error"]
+    assert len(errors) == 2, ends
+    for end in errors:
+        events = report.calls[(end["call_id"], "caller")]
+        # What the engine had decoded when the worker died still came out as finals.
+        assert any(f["type"] == "final" and f["text"] for f in events), events
+    assert len(ends) == 5 and all(e["reason"] in ("error", "shutdown", "bye") for e in ends), [
+        (e["reason"], e.get("asr")) for e in ends
+    ]
+
+
+async def test_the_engine_process_dying_ends_every_call_and_exits_1(
+    workers_gateway: Serve, redis_url: str, short_speech: Speech, tmp_path: Path
+) -> None:
+    gw = workers_gateway
+    await asyncio.to_thread(gw.start)
+    callers = _callers(gw, short_speech, tmp_path / "callers", 2)
+    await until(_talking(redis_url, 2), "2 calls transcribing", timeout_s=60, detail=gw.log_tail)
+    engine = [pid for pid, cmd in _children(gw.pid).items() if "asr_core.host" in cmd]
+    assert len(engine) == 1
+    os.kill(engine[0], signal.SIGKILL)
+    assert await asyncio.to_thread(gw.wait, 60) == 1, gw.log_tail()
+    result = await callers
+    assert result.stats.get("SuccessfulCall(C)") == 2, result.stderr + result.errors  # both got a BYE
+    entries = read_stream(redis_url, STREAM)
+    report = audit(entries, ended=[f["call_id"] for _, f in entries if f["type"] == "call_start"])
+    assert not report.problems, report.problems
+    for events in report.calls.values():
+        assert (events[-1]["reason"], events[-1]["asr"]) == ("error", "error"), events[-1]
+    assert "ASR engine failed" in gw.log()

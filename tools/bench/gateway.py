@@ -1,0 +1,526 @@
+"""Whole-gateway load run: redis-server + `ttg serve` + `ttg replay` on one machine, levels of calls.
+
+    ttg bench gateway --levels 250,500,1000,2000 --call-seconds 30 --audio .kit/audio \\
+        --env TTG_MODEL__DIR=/tmp/full --env TTG_DECODER__MODE=device --out $OUT/run
+    ttg bench gateway --find-capacity --max-calls 256 --generate 10 --out var/bench/capacity
+
+What it does, in order: starts a private redis-server (`--redis-server`, else the one on PATH) and
+`python -m gateway serve` from `--repo` (default: this checkout; another checkout measures another
+version with the same command), configured through TTG_* variables (`--env` adds or overrides
+them); waits for /readyz; then per level runs `ttg replay` (one process per `--calls-per-replay`
+calls, disjoint RTP ports, all started together) with N concurrent calls and N calls in all, while
+a sampler records every second the CPU time of each process (the daemon and its children by
+command line, the replays, redis-server) and, where `nvidia-smi` exists, the GPU's utilisation.
+Between levels the gateway keeps running. At the end SIGTERM, and the daemon's exit status and
+whether its log shows an abort ("terminate called", "Aborted", "core dumped").
+
+`--find-capacity` instead hands the search to one replay process (`ttg replay --find-capacity`).
+
+Per level (summary.md / summary.json in `--out`, each replay's own report in `level_<N>/`):
+calls offered, completed, rejected; TTF p50/p95 and first-partial p50 over every utterance of every
+replay process (an utterance without a final counts as infinitely late in the p95, as in replay's
+capacity rule); RTP packets the gateway counted over those sent; encoder batch size, step time and
+steps per second, decoder step time and dropped chunks from /metrics deltas; mean CPU of each
+process (% of one core) and the GPU's mean/peak utilisation over the level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+ABORT_MARKS = ("terminate called", "Aborted", "core dumped", "Segmentation fault", "Fatal Python error")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--levels", default="1,250,500,1000,2000", help="concurrent calls per level")
+    parser.add_argument("--find-capacity", action="store_true", help="ttg replay --find-capacity instead")
+    parser.add_argument("--max-calls", type=int, default=256, help="highest level --find-capacity tries")
+    parser.add_argument("--call-seconds", type=float, default=30.0, help="speech per call (30)")
+    parser.add_argument("--cps", type=float, default=50.0, help="new calls per second per replay process")
+    parser.add_argument("--calls-per-replay", type=int, default=700, help="calls one replay process drives")
+    parser.add_argument("--audio", type=Path, help="folder of speech files for the calls")
+    parser.add_argument("--generate", type=int, default=10, help="else: espeak-ng files to generate (10)")
+    parser.add_argument("--env", action="append", default=[], metavar="TTG_X=V", help="daemon setting")
+    parser.add_argument("--repo", type=Path, default=REPO, help="checkout whose gateway and replay run")
+    parser.add_argument("--python", default=sys.executable, help="interpreter for the daemon and replay")
+    parser.add_argument("--redis-server", default="", help="redis-server binary (default: on PATH)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--sip-port", type=int, default=47060)
+    parser.add_argument("--http-port", type=int, default=47090)
+    parser.add_argument("--redis-port", type=int, default=47079)
+    parser.add_argument("--rtp-ports", default="47100-47549", help="the gateway's RTP range")
+    parser.add_argument("--replay-rtp-ports", default="47550-47999", help="split among replay processes")
+    parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for /readyz")
+    parser.add_argument("--drain", type=float, default=20.0, help="replay's wait for call_end events")
+    parser.add_argument("--out", type=Path, default=Path("var/bench/gateway"))
+
+
+# --- processes ---------------------------------------------------------------------------------------
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    return int(lo), int(hi)
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return str(r.read().decode())
+
+
+def _cpu_ticks(pid: int) -> float | None:
+    """utime + stime of a process in seconds (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError):
+            if int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(p.name))
+    return out
+
+
+def _role(pid: int, root: int, root_name: str) -> str:
+    """A short name of a process of the run, from its command line."""
+    if pid == root:
+        return root_name
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return f"pid{pid}"
+    words = [a.decode(errors="replace") for a in argv if a]
+    for flag in ("--role", "--name"):
+        if flag in words and words.index(flag) + 1 < len(words):
+            return words[words.index(flag) + 1]
+    return os.path.basename(words[0]) if words else f"pid{pid}"
+
+
+@dataclass
+class Sampler:
+    """Every second: CPU seconds of the daemon's process tree and of named others; GPU utilisation."""
+
+    daemon: int
+    others: dict[str, int] = field(default_factory=dict)
+    root_name: str = "gateway"
+    period: float = 1.0
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _loop(self) -> None:
+        smi = shutil.which("nvidia-smi")
+        while not self._stop.is_set():
+            t = time.monotonic()
+            cpu: dict[str, float] = {}
+            tree = [self.daemon]
+            i = 0
+            while i < len(tree):  # the daemon's descendants
+                tree += _children(tree[i])
+                i += 1
+            for pid in tree:
+                ticks = _cpu_ticks(pid)
+                if ticks is not None:
+                    name = _role(pid, self.daemon, self.root_name)
+                    cpu[name] = cpu.get(name, 0.0) + ticks
+            for name, pid in list(self.others.items()):
+                ticks = _cpu_ticks(pid)
+                if ticks is not None:
+                    cpu[name] = ticks
+            sample: dict[str, Any] = {"t": t, "cpu": cpu}
+            if smi:
+                with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
+                    out = subprocess.run(
+                        [smi, "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
+                        capture_output=True,
+                        text=True,
+                        timeout=5,
+                    ).stdout.split("\n")[0]
+                    util, mem = (float(x) for x in out.split(","))
+                    sample["gpu_util"], sample["gpu_mem_mib"] = util, mem
+            self.samples.append(sample)
+            self._stop.wait(max(0.0, self.period - (time.monotonic() - t)))
+
+    def window(self, t0: float, t1: float) -> dict[str, Any]:
+        """Mean CPU % of one core per process, and GPU mean/max %, between two monotonic times."""
+        inside = [s for s in self.samples if t0 <= s["t"] <= t1]
+        out: dict[str, Any] = {"cpu_percent": {}}
+        if len(inside) >= 2:
+            a, b = inside[0], inside[-1]
+            dt = b["t"] - a["t"]
+            for name, v in b["cpu"].items():
+                if name in a["cpu"] and dt > 0:
+                    out["cpu_percent"][name] = round(100 * (v - a["cpu"][name]) / dt, 1)
+        gpu = [s["gpu_util"] for s in inside if "gpu_util" in s]
+        if gpu:
+            out["gpu_util_mean"] = round(float(np.mean(gpu)), 1)
+            out["gpu_util_max"] = float(max(gpu))
+            out["gpu_mem_mib_max"] = float(max(s["gpu_mem_mib"] for s in inside if "gpu_mem_mib" in s))
+        return out
+
+
+# --- metrics -----------------------------------------------------------------------------------------
+
+
+def _scrape(url: str) -> dict[str, float]:
+    """Sums of the engine's counters and histograms (name -> value) from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = (
+        "ttg_encoder_batch_size",
+        "ttg_encoder_step_seconds",
+        "ttg_decoder_step_seconds",
+        "ttg_asr_queue_wait_seconds",
+        "ttg_asr_chunks_dropped",
+        "ttg_calls",
+        "ttg_rtp_packets_received",
+    )
+    out: dict[str, float] = {}
+    try:
+        text = _get(url)
+    except OSError:
+        return out
+    for fam in text_string_to_metric_families(text):
+        if not fam.name.startswith(wanted):
+            continue
+        for s in fam.samples:
+            if s.name.endswith(("_sum", "_count", "_total")):
+                key = s.name + ("" if not s.labels.get("result") else "{" + s.labels["result"] + "}")
+                out[key] = out.get(key, 0.0) + float(s.value)
+    return out
+
+
+def _engine_numbers(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, Any]:
+    def d(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    steps = d("ttg_encoder_step_seconds_count")
+    dec = d("ttg_decoder_step_seconds_count")
+    waits = d("ttg_asr_queue_wait_seconds_count")
+    return {
+        "encoder_steps": int(steps),
+        "steps_per_s": round(steps / seconds, 2) if seconds > 0 else None,
+        "mean_batch": round(d("ttg_encoder_batch_size_sum") / steps, 1) if steps else None,
+        "mean_step_ms": round(1000 * d("ttg_encoder_step_seconds_sum") / steps, 2) if steps else None,
+        "mean_decoder_step_ms": round(1000 * d("ttg_decoder_step_seconds_sum") / dec, 2) if dec else None,
+        "mean_queue_wait_ms": round(1000 * d("ttg_asr_queue_wait_seconds_sum") / waits, 1) if waits else None,
+        "dropped_chunks": int(d("ttg_asr_chunks_dropped_total")),
+    }
+
+
+# --- one level ---------------------------------------------------------------------------------------
+
+
+def _merge_reports(folders: list[Path]) -> dict[str, Any]:
+    calls = completed = rejected = 0
+    sent = counted = 0
+    ttf: list[float] = []
+    ttfp: list[float] = []
+    missing = 0
+    harness_cpu: list[float] = []
+    lateness_p99: list[float] = []
+    for folder in folders:
+        path = folder / "report.json"
+        if not path.exists():
+            continue
+        r = json.loads(path.read_text())
+        s = r["summary"]
+        calls += s["calls"]
+        completed += s["completed"]
+        rejected += s["rejected"]
+        sent += s.get("rtp_sent_to_reporting_calls") or 0
+        counted += s.get("gateway_rtp_packets") or 0
+        harness_cpu.append(r["harness"]["cpu_percent"])
+        lateness_p99.append(r["harness"]["send_lateness_ms"]["p99"] or 0.0)
+        for c in r["calls"]:
+            for u in c.get("utterances") or []:
+                if u.get("ttf_s") is None:
+                    missing += 1
+                else:
+                    ttf.append(u["ttf_s"])
+                if u.get("ttfp_s") is not None:
+                    ttfp.append(u["ttfp_s"])
+    everything = sorted(ttf) + [math.inf] * missing
+    p95 = everything[min(len(everything) - 1, math.ceil(0.95 * len(everything)) - 1)] if everything else None
+    return {
+        "calls": calls,
+        "completed": completed,
+        "rejected": rejected,
+        "utterances": len(everything),
+        "without_final": missing,
+        "ttf_p50_s": round(float(np.percentile(ttf, 50)), 3) if ttf else None,
+        "ttf_p95_s": None if p95 is None else (round(p95, 3) if math.isfinite(p95) else "inf"),
+        "ttfp_p50_s": round(float(np.percentile(ttfp, 50)), 3) if ttfp else None,
+        "rtp_received_percent": round(100 * counted / sent, 1) if sent else None,
+        "replay_cpu_percent": [round(x, 1) for x in harness_cpu],
+        "replay_lateness_p99_ms": [round(x, 1) for x in lateness_p99],
+    }
+
+
+def _replay_cmd(
+    args: argparse.Namespace, audio: Path, out: Path, ports: tuple[int, int], n: int
+) -> list[str]:
+    cmd = [
+        args.python, "-m", "gateway.cli", "replay",
+        "--target", f"{args.host}:{args.sip_port}", "--local-ip", args.host,
+        "--rtp-ports", f"{ports[0]}-{ports[1]}", "--audio", str(audio),
+        "--call-seconds", str(args.call_seconds), "--cps", str(args.cps),
+        "--redis-url", f"redis://{args.host}:{args.redis_port}/0",
+        "--metrics-url", f"http://{args.host}:{args.http_port}/metrics",
+        "--drain", str(args.drain), "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    if args.find_capacity:
+        cmd += ["--find-capacity", "--max-calls", str(n)]
+    else:
+        cmd += ["--calls", str(n), "--total", str(n)]
+    return cmd
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def run_level(
+    args: argparse.Namespace, n: int, audio: Path, sampler: Sampler, env: dict[str, str]
+) -> dict[str, Any]:
+    procs = 1 if args.find_capacity else max(1, math.ceil(n / args.calls_per_replay))
+    lo, hi = _port_range(args.replay_rtp_ports)
+    width = (hi - lo + 1) // procs
+    folders, running = [], []
+    metrics_url = f"http://{args.host}:{args.http_port}/metrics"
+    before = _scrape(metrics_url)
+    t0 = time.monotonic()
+    for i, calls in enumerate(_split(n, procs)):
+        folder = args.out / f"level_{n}" / f"replay_{i}"
+        folder.mkdir(parents=True, exist_ok=True)
+        ports = (lo + i * width, lo + (i + 1) * width - 1)
+        log = (folder / "replay.log").open("w")
+        p = subprocess.Popen(
+            _replay_cmd(args, audio, folder, ports, calls),
+            cwd=args.repo, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        sampler.others[f"replay_{i}"] = p.pid
+        folders.append(folder)
+        running.append((p, log))
+    codes = []
+    for p, log in running:
+        codes.append(p.wait())
+        log.close()
+    t1 = time.monotonic()
+    for i in range(procs):
+        sampler.others.pop(f"replay_{i}", None)
+    after = _scrape(metrics_url)
+    out: dict[str, Any] = {
+        "level": n,
+        "replay_processes": procs,
+        "replay_exit": codes,
+        "seconds": round(t1 - t0, 1),
+    }
+    if args.find_capacity:
+        cap = folders[0] / "capacity.json"
+        out["capacity"] = json.loads(cap.read_text()) if cap.exists() else None
+    else:
+        out.update(_merge_reports(folders))
+    out.update(_engine_numbers(before, after, t1 - t0))
+    out.update(sampler.window(t0, t1))
+    return out
+
+
+# --- the run -----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _process(cmd: list[str], log: Path, **kw: Any) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, **kw)
+        try:
+            yield p
+        finally:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+
+def _daemon_env(args: argparse.Namespace, max_calls: int) -> dict[str, str]:
+    env = dict(os.environ)
+    lo, hi = _port_range(args.rtp_ports)
+    env.update(
+        {
+            "PYTHONPATH": str(args.repo) + os.pathsep + env.get("PYTHONPATH", ""),
+            "PYTHONUNBUFFERED": "1",
+            "TTG_SIP__HOST": args.host,
+            "TTG_SIP__PORT": str(args.sip_port),
+            "TTG_RTP__HOST": args.host,
+            "TTG_RTP__PORT_MIN": str(lo),
+            "TTG_RTP__PORT_MAX": str(hi),
+            "TTG_HTTP__HOST": args.host,
+            "TTG_HTTP__PORT": str(args.http_port),
+            "TTG_REDIS__URL": f"redis://{args.host}:{args.redis_port}/0",
+            "TTG_SINK__SPOOL_DIR": str(args.out / "spool"),
+            "TTG_SIP__MAX_CALLS": str(max_calls),
+        }
+    )
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--env {item!r}: expected NAME=VALUE")
+        env[key] = value
+    return env
+
+
+def _audio(args: argparse.Namespace) -> Path:
+    if args.audio:
+        return Path(args.audio).resolve()
+    from tools.replay.audio import generate_espeak
+
+    return generate_espeak(args.out / "audio", args.generate).resolve()
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| calls | completed | TTF p50 / p95 s | first partial p50 s | RTP received | batch | step ms | "
+        "steps/s | decoder ms | dropped | GPU mean / max % | CPU % per process |"
+    )
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for r in rows:
+        cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.get("cpu_percent", {}).items()))
+        gpu = f"{r['gpu_util_mean']:.0f} / {r['gpu_util_max']:.0f}" if "gpu_util_mean" in r else "-"
+        lines.append(
+            f"| {r['level']} | {r.get('completed', '-')} | {r.get('ttf_p50_s')} / {r.get('ttf_p95_s')} | "
+            f"{r.get('ttfp_p50_s')} | {r.get('rtp_received_percent')} % | {r.get('mean_batch')} | "
+            f"{r.get('mean_step_ms')} | {r.get('steps_per_s')} | {r.get('mean_decoder_step_ms')} | "
+            f"{r.get('dropped_chunks')} | {gpu} | {cpu} |"
+        )
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    args.out = Path(args.out).resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    levels = [args.max_calls] if args.find_capacity else [int(x) for x in args.levels.split(",")]
+    audio = _audio(args)
+    redis_bin = args.redis_server or shutil.which("redis-server")
+    if not redis_bin:
+        print("ttg bench gateway: no redis-server (give --redis-server)", file=sys.stderr)
+        return 2
+    env = _daemon_env(args, max(levels))
+    summary: dict[str, Any] = {"command": " ".join(sys.argv), "repo": str(args.repo), "env": args.env}
+    summary["load_before"] = os.getloadavg()
+    redis_cmd = [
+        redis_bin,
+        "--port",
+        str(args.redis_port),
+        "--bind",
+        args.host,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    with _process(redis_cmd, args.out / "redis.log") as redis:
+        serve_log = args.out / "serve.log"
+        serve = subprocess.Popen(
+            [args.python, "-m", "gateway.cli", "serve"],
+            cwd=args.repo, env=env, stdout=serve_log.open("wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        sampler = Sampler(serve.pid, {"redis-server": redis.pid})
+        sampler.start()
+        rows: list[dict[str, Any]] = []
+        try:
+            t0 = time.monotonic()
+            ready_url = f"http://{args.host}:{args.http_port}/readyz"
+            while not _http_ok(ready_url):
+                if serve.poll() is not None or time.monotonic() - t0 > args.ready_timeout:
+                    print(
+                        f"ttg bench gateway: the daemon did not get ready (see {serve_log})", file=sys.stderr
+                    )
+                    return 1
+                time.sleep(0.5)
+            summary["ready_after_s"] = round(time.monotonic() - t0, 1)
+            print(f"gateway ready after {summary['ready_after_s']} s", flush=True)
+            for n in levels:
+                row = run_level(args, n, audio, sampler, env)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                (args.out / "summary.json").write_text(json.dumps({**summary, "levels": rows}, indent=2))
+        finally:
+            t_stop = time.monotonic()
+            if serve.poll() is None:
+                serve.send_signal(signal.SIGTERM)
+            try:
+                code = serve.wait(120)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+                code = serve.wait()
+            sampler.stop()
+            log_text = serve_log.read_text(errors="replace")
+            summary["exit_status"] = code
+            summary["stop_seconds"] = round(time.monotonic() - t_stop, 1)
+            summary["abort_in_log"] = [m for m in ABORT_MARKS if m in log_text]
+            summary["load_after"] = os.getloadavg()
+            summary["levels"] = rows
+            (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    table = _table(rows)
+    (args.out / "summary.md").write_text(
+        f"command: `{summary['command']}`\n\nload before/after: {summary['load_before']} / "
+        f"{summary['load_after']}\n\n{table}\n\nexit status {summary['exit_status']}, abort marks in "
+        f"the log: {summary['abort_in_log'] or 'none'}\n"
+    )
+    print(table)
+    print(
+        f"daemon exit status {summary['exit_status']}; "
+        f"abort marks in the log: {summary['abort_in_log'] or 'none'}"
+    )
+    return 0 if summary["exit_status"] == 0 and not summary["abort_in_log"] else 1
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(p)
+    sys.exit(main(p.parse_args()))

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The gateway's capacity runs on the lent H200, one command per device call (tools/device/stage_kit.sh
+# staged the repo this runs from; see docs/benchmarks.md for the calls made and what they measured).
+#
+#   bash tools/device/h200_run.sh engine    # engine process + front-end processes: 500 and 2000 calls
+#   bash tools/device/h200_run.sh gateway   # ttg serve + redis + ttg replay at fixed levels
+#
+# Every phase: MLX + wheels (device_env.sh), the kit's redis-server, a full-size f16 bundle generated
+# into /tmp/full (random weights, calibrated as `ttg make-bundle` does). Results go to $OUT (at most 8
+# files come back): the JSON/markdown summaries, the daemon's log, this script's log.
+set -uo pipefail
+phase=${1:?usage: h200_run.sh engine|gateway [levels]}
+levels=${2:-500,1000,2000}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/run.log") 2>&1
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+source .whl/device_env.sh || exit 1
+source tools/device/kit_env.sh || exit 1
+nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv
+nproc
+stamp "make-bundle"
+python3 -m gateway.cli make-bundle --size full --dtype f16 --seed 0 --out /tmp/full > /tmp/make_bundle.log 2>&1 \
+  || { tail -20 /tmp/make_bundle.log; exit 1; }
+stamp "bundle ready"
+
+case "$phase" in
+engine)
+  python3 -m gateway.cli bench engine-procs --model /tmp/full --calls 500 2000 --feeders 8 --seconds 20 \
+    --decoder-mode device --max-batch 512 --json "$OUT/engine_device.json"
+  stamp "device decoding done"
+  python3 -m gateway.cli bench engine-procs --model /tmp/full --calls 2000 --feeders 8 --seconds 20 \
+    --decoder-mode batched --workers 8 --max-batch 512 --json "$OUT/engine_ort.json"
+  stamp "ORT decoding done"
+  python3 -m gateway.cli bench gateway --levels 20 --call-seconds 15 --audio "$KIT_AUDIO" \
+    --redis-server "$KIT_REDIS" --env TTG_MODEL__DIR=/tmp/full --env TTG_DECODER__MODE=device \
+    --env TTG_ENCODER__MAX_BATCH=64 --sip-port 5060 --http-port 9108 --redis-port 6379 \
+    --rtp-ports 20000-29999 --replay-rtp-ports 30000-39999 --out /tmp/gw
+  cp /tmp/gw/summary.md "$OUT/gateway_summary.md"
+  tail -c 200000 /tmp/gw/serve.log > "$OUT/serve.log"
+  ;;
+gateway)
+  # The bench writes its summary after every level; copy it out as it grows, so that a run cut short
+  # by the time limit still brings back the levels it finished.
+  python3 -m gateway.cli bench gateway --levels "$levels" --call-seconds "${CALL_SECONDS:-20}" --cps 100 \
+    --calls-per-replay 700 --audio "$KIT_AUDIO" --redis-server "$KIT_REDIS" \
+    --env TTG_MODEL__DIR=/tmp/full --env TTG_MODEL__PRECISION=f16 --env TTG_DECODER__MODE=device \
+    --env TTG_ENCODER__MAX_BATCH=512 --sip-port 5060 --http-port 9108 --redis-port 6379 \
+    --rtp-ports 20000-29999 --replay-rtp-ports 30000-49999 --out /tmp/gw ${GATEWAY_ARGS:-} &
+  bench=$!
+  while kill -0 "$bench" 2>/dev/null; do
+    cp /tmp/gw/summary.json "$OUT/" 2>/dev/null
+    tail -c 300000 /tmp/gw/serve.log > "$OUT/serve.log" 2>/dev/null
+    sleep 5
+  done
+  wait "$bench"
+  cp /tmp/gw/summary.md /tmp/gw/summary.json "$OUT/" 2>/dev/null
+  tail -c 300000 /tmp/gw/serve.log > "$OUT/serve.log"
+  stamp "gateway levels done"
+  # The one-process model on CUDA too: start, one short call, SIGTERM; exit status and abort marks.
+  python3 -m gateway.cli bench gateway --levels 1 --call-seconds 3 --audio "$KIT_AUDIO" \
+    --redis-server "$KIT_REDIS" --env TTG_MODEL__DIR=/tmp/full --env TTG_DAEMON__MEDIA_WORKERS=0 \
+    --env TTG_ENCODER__MAX_BATCH=8 --sip-port 5062 --http-port 9110 --redis-port 6381 \
+    --rtp-ports 20000-20999 --replay-rtp-ports 21000-21999 --out /tmp/gw1 > /tmp/gw1.log 2>&1
+  tail -3 /tmp/gw1.log
+  cp /tmp/gw1/summary.md "$OUT/one_process_summary.md" 2>/dev/null
+  ;;
+esac
+stamp "done"
