@@ -1,7 +1,8 @@
 """The BLAS set-up of a process that runs MLX on the CPU: an explicit call, never done on import.
 
 `configure_cpu_blas()` is called by the programs that need it (the `ttg` commands that run MLX, the
-test session) at their start, before anything imports mlx.core:
+engine process, the test session; a media worker with `mlx=False`) at their start, before anything
+imports mlx.core:
 - it preloads Debian's OpenBLAS so that MLX's CPU backend uses it for matmuls. mlx[cpu] wheels resolve
   cblas_* symbols when mlx.core loads; a library loaded earlier with RTLD_GLOBAL wins, one loaded later
   is never used. Measured on the 2-core dev VM: fp32 1024x1024x4096 matmul 7.5 GFLOP/s (bundled BLAS)
@@ -60,13 +61,14 @@ def openblas_path() -> str | None:
     return _loaded
 
 
-def configure_cpu_blas(*, torch: bool = False) -> str | None:
+def configure_cpu_blas(*, torch: bool = False, mlx: bool = True) -> str | None:
     """Preload OpenBLAS for MLX and limit numpy's BLAS threads; returns the OpenBLAS path or None.
-    `torch=True`: import torch first where it is installed (see above)."""
+    `torch=True`: import torch first where it is installed (see above). `mlx=False`: a process that
+    runs the streams' front ends but no MLX (a media worker) gets numpy's limit only."""
     if torch:
         with contextlib.suppress(ImportError):
             import torch as _torch  # noqa: F401
-    path = preload_openblas()
+    path = preload_openblas() if mlx else None
     limit_numpy_blas_threads()
     return path
 

@@ -85,6 +85,34 @@ print("openblas-pthread" in open("/proc/self/maps").read())
 
 
 @peers.linux_only
+def test_the_engine_and_media_worker_processes_set_up_their_own_blas() -> None:
+    """`ttg serve` starts them as programs of their own: the engine process runs MLX (OpenBLAS under
+    it); a media worker runs only the streams' front ends (numpy's BLAS on one thread, no OpenBLAS)."""
+    code = """
+import json, runpy, sys
+from threadpoolctl import threadpool_info
+sys.argv = [sys.argv[1], "--help"]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__")
+except SystemExit:
+    pass
+numpy_threads = [lib["num_threads"] for lib in threadpool_info() if "scipy_openblas" in lib["filepath"]]
+print(json.dumps(["openblas-pthread" in open("/proc/self/maps").read(), numpy_threads]))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTG_")}
+    env["OPENBLAS_NUM_THREADS"] = "2"
+    found = {}
+    for program in ("asr_core.host", "gateway.workers.media_worker"):
+        res = subprocess.run(
+            [sys.executable, "-c", code, program],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        found[program] = json.loads(res.stdout.splitlines()[-1])
+    assert found == {"asr_core.host": [True, [1]], "gateway.workers.media_worker": [False, [1]]}
+
+
+@peers.linux_only
 def test_torch_and_mlx_run_in_one_process_set_up_with_torch_first() -> None:
     """torch's batched matmul with OpenBLAS global: it crashed (SIGSEGV) where OpenBLAS has a
     cblas_sgemm_batch of its own (Debian 13) when torch was loaded after it."""
