@@ -5,30 +5,48 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 UNAME_S := $(shell uname -s)
+# The demo needs the gateway and its MLX backend; the tests add the dev tools and the reference
+# implementation (torch + transformers, for the parity tests). `make demo` installs the first set,
+# `make test` the rest into the same .venv, so either order installs each package once.
 ifeq ($(UNAME_S),Darwin)
-  EXTRAS := mlx,dev,reference,fast
+  DEMO_EXTRAS := mlx,fast
 else
-  EXTRAS := cpu,dev,reference,fast
+  DEMO_EXTRAS := cpu,fast
 endif
-# Debian packages the tests and the demo use as real peers and tools.
-APT_PACKAGES := redis-server sip-tester espeak-ng sox prometheus libopenblas0-pthread libsndfile1 baresip kamailio sipvicious sipsak fail2ban
+TEST_EXTRAS := $(DEMO_EXTRAS),dev,reference
+# Debian packages the demo uses as real peers (redis-server, sipp) and for MLX's CPU matmuls; the
+# tests add espeak-ng (speech), sox, prometheus (promtool), systemd (systemd-analyze verifies the
+# unit file) and the third-party SIP software of the interop tests (baresip, kamailio, sipvicious,
+# sipsak; fail2ban-regex checks the ops/fail2ban filter). tools/install_system_deps.sh adds
+# python3-venv where python3 is the distribution's.
+APT_DEMO := redis-server sip-tester libopenblas0-pthread libsndfile1
+APT_PACKAGES := $(APT_DEMO) espeak-ng sox prometheus systemd baresip kamailio sipvicious sipsak fail2ban
+BREW_DEMO := redis
 BREW_PACKAGES := redis espeak-ng sox prometheus
 PYTEST_ARGS ?=
 
-.PHONY: test demo demo-model deps venv lint typecheck pytest clean
+.PHONY: test demo demo-model deps deps-demo venv venv-demo lint typecheck pytest clean
 
 test: deps venv lint typecheck pytest
 
 deps:
-	@./tools/install_system_deps.sh $(if $(filter Darwin,$(UNAME_S)),$(BREW_PACKAGES),$(APT_PACKAGES))
+	@PYTHON=$(PYTHON) ./tools/install_system_deps.sh $(if $(filter Darwin,$(UNAME_S)),$(BREW_PACKAGES),$(APT_PACKAGES))
 
-venv: $(VENV)/.installed
+deps-demo:
+	@PYTHON=$(PYTHON) ./tools/install_system_deps.sh $(if $(filter Darwin,$(UNAME_S)),$(BREW_DEMO),$(APT_DEMO))
 
-$(VENV)/.installed: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+venv: $(VENV)/.installed-test
+
+venv-demo: $(VENV)/.installed-demo
+
+# The stamps live inside .venv: a venv made again (tools/setup_venv.sh replaces a broken one) has none.
+$(VENV)/.installed-demo: pyproject.toml tools/setup_venv.sh
+	./tools/setup_venv.sh $(VENV) $(PYTHON) $(DEMO_EXTRAS)
 	touch $@
+
+$(VENV)/.installed-test: pyproject.toml tools/setup_venv.sh
+	./tools/setup_venv.sh $(VENV) $(PYTHON) $(TEST_EXTRAS)
+	touch $@ $(VENV)/.installed-demo
 
 lint: venv
 	$(VENV)/bin/ruff check asr_core gateway tools tests
@@ -41,7 +59,7 @@ typecheck: venv
 pytest: venv
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
-demo: deps venv
+demo: deps-demo venv-demo
 	$(PY) -m tools.demo
 
 # Rebuild the embedded demo model from nothing (docs/demo-model.md): corpus ~25 min (19 training shards),

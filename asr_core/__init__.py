@@ -5,21 +5,15 @@ Features, the cache-aware FastConformer encoder in MLX (batched across streams),
 decoding over the bundle's ONNX graphs, the tokenizer and transcript assembly live here.
 """
 
-from asr_core._blas import limit_numpy_blas_threads, preload_openblas
-
-# Must run before anything imports mlx.core: on Linux, route MLX's CPU matmuls to OpenBLAS
-# (mlx-cpu's bundled reference BLAS runs at ~5 GFLOP/s; OpenBLAS at ~250 on the dev machine).
-preload_openblas()
-limit_numpy_blas_threads()
-
-from asr_core.api import (  # noqa: E402
+from asr_core._blas import configure_cpu_blas
+from asr_core.api import (
     AsrEvent,
     StreamEnded,
     StreamOptions,
     TranscriptEvent,
     Word,
 )
-from asr_core.errors import AsrError, BundleError, StreamClosedError  # noqa: E402
+from asr_core.errors import AsrError, BundleError, StreamClosedError
 
 __all__ = [
     "AsrError",
@@ -30,4 +24,5 @@ __all__ = [
     "StreamOptions",
     "TranscriptEvent",
     "Word",
+    "configure_cpu_blas",
 ]

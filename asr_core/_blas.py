@@ -1,15 +1,30 @@
-"""Preload Debian's OpenBLAS so that MLX's CPU backend uses it for matmuls.
+"""The BLAS set-up of a process that runs MLX on the CPU: an explicit call, never done on import.
 
-mlx[cpu] wheels resolve cblas_* symbols dynamically; a library loaded earlier with RTLD_GLOBAL wins.
-Measured on the 2-core dev VM: fp32 1024x1024x4096 matmul 7.5 GFLOP/s (bundled BLAS) vs 242 GFLOP/s
-(openblas-pthread). Opt out with TTG_NO_OPENBLAS=1; a missing library is not an error.
+`configure_cpu_blas()` is called by the programs that need it (the `ttg` commands that run MLX, the
+engine process, the test session; a media worker with `mlx=False`) at their start, before anything
+imports mlx.core:
+- it preloads Debian's OpenBLAS so that MLX's CPU backend uses it for matmuls. mlx[cpu] wheels resolve
+  cblas_* symbols when mlx.core loads; a library loaded earlier with RTLD_GLOBAL wins, one loaded later
+  is never used. Measured on the 2-core dev VM: fp32 1024x1024x4096 matmul 7.5 GFLOP/s (bundled BLAS)
+  vs 242 GFLOP/s (openblas-pthread). Opt out with TTG_NO_OPENBLAS=1; a missing library is not an error.
+- it runs numpy's bundled OpenBLAS single-threaded (`limit_numpy_blas_threads`, which the engine's
+  start also applies).
+A process that also runs torch passes `torch=True`: torch is then imported first. Its library exports
+BLAS symbols of its own (sgemm_, cblas_sgemm_batch, from its MKL) and binds them when it loads; loaded
+after a global OpenBLAS it takes OpenBLAS's instead, and where those differ (Debian 13's OpenBLAS 0.3.29
+has a cblas_sgemm_batch of another ABI) torch's batched matmul crashes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import glob
+import logging
 import os
 import sys
+
+logger = logging.getLogger(__name__)
 
 _CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3",
@@ -23,7 +38,13 @@ def preload_openblas() -> str | None:
     global _loaded
     if _loaded is not None or not sys.platform.startswith("linux"):
         return _loaded
-    if os.environ.get("TTG_NO_OPENBLAS") == "1" or "mlx.core" in sys.modules:
+    if os.environ.get("TTG_NO_OPENBLAS") == "1":
+        return None
+    if "mlx.core" in sys.modules:
+        logger.warning(
+            "mlx.core was imported before OpenBLAS could be preloaded: MLX's CPU matmuls use its bundled "
+            "BLAS (~30x slower); call asr_core.configure_cpu_blas() before anything imports mlx"
+        )
         return None
     for path in _CANDIDATES:
         if os.path.exists(path):
@@ -40,6 +61,32 @@ def openblas_path() -> str | None:
     return _loaded
 
 
+def configure_cpu_blas(*, torch: bool = False, mlx: bool = True) -> str | None:
+    """Preload OpenBLAS for MLX and limit numpy's BLAS threads; returns the OpenBLAS path or None.
+    `torch=True`: import torch first where it is installed (see above). `mlx=False`: a process that
+    runs the streams' front ends but no MLX (a media worker) gets numpy's limit only."""
+    if torch:
+        with contextlib.suppress(ImportError):
+            import torch as _torch  # noqa: F401
+    path = preload_openblas() if mlx else None
+    limit_numpy_blas_threads()
+    return path
+
+
+def _numpy_openblas() -> list[ctypes.CDLL]:
+    """The OpenBLAS libraries bundled in numpy's wheel (numpy.libs)."""
+    import numpy
+
+    libs = os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "numpy.libs")
+    found = []
+    for path in glob.glob(os.path.join(libs, "libscipy_openblas*.so*")):
+        try:
+            found.append(ctypes.CDLL(path))
+        except OSError:
+            continue
+    return found
+
+
 def limit_numpy_blas_threads(n: int | None = None) -> bool:
     """Run numpy's bundled OpenBLAS single-threaded (or `TTG_NUMPY_BLAS_THREADS`).
 
@@ -48,18 +95,9 @@ def limit_numpy_blas_threads(n: int | None = None) -> bool:
     320 ms pushes) and competes with the MLX thread. Parallelism in a gateway comes from calls.
     Returns True when the limit was applied.
     """
-    import glob
-
-    import numpy
-
     if n is None:
         n = int(os.environ.get("TTG_NUMPY_BLAS_THREADS", "1"))
-    libs = os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "numpy.libs")
-    for path in glob.glob(os.path.join(libs, "libscipy_openblas*.so*")):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
+    for lib in _numpy_openblas():
         for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads"):
             setter = getattr(lib, name, None)
             if setter is not None:

@@ -65,6 +65,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from asr_core._blas import limit_numpy_blas_threads
 from asr_core.api import SAMPLE_RATE_HZ, AsrEvent, EventCallback, StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import EngineConfig
 from asr_core.errors import EngineStoppedError, StreamClosedError
@@ -182,6 +183,7 @@ class AsrEngine:
     def start(self) -> AsrEngine:
         if self._mlx_thread is not None:
             raise RuntimeError("engine already started")
+        limit_numpy_blas_threads()  # the streams' front ends: small matmuls, one thread each (see _blas)
         mode = self.config.decoder.mode
         for i in range(self.config.decoder.workers):
             dec: StreamDecoder | BatchDecoder | None = None

@@ -315,7 +315,6 @@ def _bundle_view(s: Settings, bundle: Path) -> Iterator[tuple[Path, Callable[[st
 
 def load_model(s: Settings, choice: ModelChoice) -> Any:
     """`AsrModel.load`, with any loader error turned into a one-line StartupError naming the file."""
-    import asr_core  # noqa: F401  (OpenBLAS before mlx)
     from asr_core.errors import AsrError
     from asr_core.model import AsrModel
 

@@ -5,7 +5,11 @@ procs.py (helpers to start and stop processes by PID)."""
 
 from __future__ import annotations
 
-import asr_core  # noqa: F401  (preloads OpenBLAS before any test imports mlx)
+from asr_core import configure_cpu_blas
+
+# The test session runs MLX on the CPU (OpenBLAS under its matmuls, before any test module imports mlx)
+# and torch (the reference implementation).
+configure_cpu_blas(torch=True)
 
 pytest_plugins: list[str] = [
     "tests.fixtures.bundle",

@@ -346,7 +346,8 @@ def call_with_sipp(sip_port: int, speech: Speech, workdir: Path, deadline: Deadl
     call_id = f"ttg-demo-{os.getpid()}@127.0.0.1"
     cmd = [
         shutil.which("sipp") or "sipp", f"127.0.0.1:{sip_port}", "-sf", str(scenario), "-m", "1",
-        "-i", "127.0.0.1", "-mi", "127.0.0.1", "-mp", str(free_even_udp_port()), "-cid_str", call_id,
+        "-i", "127.0.0.1", "-p", str(free_sip_port()), "-mi", "127.0.0.1", "-mp", str(free_even_udp_port()),
+        "-cid_str", call_id,
         "-timeout", f"{int(deadline.left('placing the call'))}s", "-timeout_error", "-nostdin",
         "-trace_err", "-error_file", str(workdir / "sipp_errors.log"),
     ]  # fmt: skip

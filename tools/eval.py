@@ -207,7 +207,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    import asr_core  # noqa: F401  (OpenBLAS before mlx)
     from asr_core.model import AsrModel
     from tools.transcribe import cli_model_dir, read_audio
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install the system packages the tests and the demo use (real redis-server, sipp, espeak-ng, sox,
 # promtool, OpenBLAS), only those that are missing. Debian/Ubuntu: apt; macOS: Homebrew.
+# On Debian/Ubuntu it also adds python3-venv when $PYTHON (default python3) is the distribution's own
+# Python: its `-m venv` needs that package, and a minimal install does not have it.
 set -euo pipefail
 pkgs=("$@")
 if [ "$(uname -s)" = "Darwin" ]; then
@@ -9,6 +11,10 @@ if [ "$(uname -s)" = "Darwin" ]; then
   for p in "${pkgs[@]}"; do brew list --formula "$p" >/dev/null 2>&1 || missing+=("$p"); done
   [ ${#missing[@]} -eq 0 ] || brew install "${missing[@]}"
   exit 0
+fi
+python=$(command -v "${PYTHON:-python3}" || true)
+if [ -n "$python" ] && dpkg-query -S "$(readlink -f "$python")" >/dev/null 2>&1; then
+  pkgs+=(python3-venv)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -179,7 +179,6 @@ def transcribe(
 
 
 def main(args: argparse.Namespace) -> int:
-    import asr_core  # noqa: F401  (OpenBLAS before mlx)
     from asr_core.api import StreamEnded, TranscriptEvent
     from asr_core.model import AsrModel
 

@@ -24,6 +24,7 @@ from asr_core.decoder import (
 )
 from asr_core.errors import BundleError
 from asr_core.features import log_mel
+from tests.fixtures import peers
 from tests.fixtures.bundle import ReferenceBundle
 from tools.bundle.filters import slaney_mel_filters
 from tools.bundle.numpy_encoder import encoder_forward, joiner_frames
@@ -209,8 +210,8 @@ def test_batched_equals_per_stream_on_the_real_graphs_with_streams_joining_midwa
 def _hf_frames_and_tokens(
     ref: ReferenceBundle, audio: np.ndarray, prompt: int, lookahead: int
 ) -> tuple[np.ndarray, list[int]]:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = peers.module("torch")
+    transformers = peers.module("transformers")
     extractor = transformers.NemotronAsrStreamingFeatureExtractor(feature_size=128)
     feats = extractor(audio, sampling_rate=16000, return_tensors="pt")
     kw = {
@@ -251,8 +252,8 @@ def test_greedy_tokens_equal_the_reference_generate(
 def test_streaming_tokens_equal_the_reference_streaming_generate(reference_tiny: ReferenceBundle) -> None:
     """HF's streaming generate (a generator of mel chunks, encoder caches carried) vs our decoder fed
     the same streaming encoder output chunk by chunk, predictor state carried across chunks."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = peers.module("torch")
+    transformers = peers.module("transformers")
     model, lookahead, prompt = reference_tiny.model, 3, 19
     extractor = transformers.NemotronAsrStreamingFeatureExtractor(feature_size=128)
     n_mel = 25 + 32 * 9  # whole chunks only (HF requires exact chunk sizes)

@@ -23,8 +23,8 @@ from asr_core.encoder import (
     first_chunk_frames,
     offline_frames,
 )
+from tests.fixtures import peers
 
-torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.reference
 
 PROMPT = 19  # uk-UA
@@ -43,6 +43,7 @@ def chunks(n_mel: int, lookahead: int) -> Iterator[tuple[int, int, bool]]:
 
 
 def reference_offline(model: object, mel: np.ndarray, lookahead: int, prompt: int = PROMPT) -> np.ndarray:
+    torch = peers.module("torch")
     with torch.no_grad():
         out = model.get_audio_features(  # type: ignore[attr-defined]
             input_features=torch.from_numpy(mel)[None],
@@ -54,6 +55,7 @@ def reference_offline(model: object, mel: np.ndarray, lookahead: int, prompt: in
 
 def reference_streaming(model: object, mel: np.ndarray, lookahead: int) -> list[np.ndarray]:
     """The reference's per-chunk output for every full chunk (a short final chunk is left out)."""
+    torch = peers.module("torch")
     outs, cache, padding = [], None, None
     with torch.no_grad():
         for a, b, _ in chunks(len(mel), lookahead):

@@ -5,7 +5,6 @@ tokenizer, features, chunker): batched == solo, 64 concurrent real-time streams,
 from __future__ import annotations
 
 import itertools
-import shutil
 import subprocess
 import threading
 import time
@@ -21,6 +20,7 @@ from asr_core.config import DecoderConfig, DecoderMode, EndpointConfig, EngineCo
 from asr_core.engine import AsrEngine
 from asr_core.model import AsrModel, EncoderBackend
 from asr_core.vad import VadConfig
+from tests.fixtures import peers
 from tools.bench.engine import synthetic_call
 
 SR = 16_000
@@ -251,11 +251,10 @@ def test_64_concurrent_real_time_streams_match_solo_runs_without_drops(tiny_mode
 def _espeak(text: str, path: Path) -> np.ndarray:
     from tools.transcribe import read_audio
 
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(path), text], check=True)
+    subprocess.run([peers.tool("espeak-ng"), "-v", "en-us", "-s", "160", "-w", str(path), text], check=True)
     return read_audio(path)
 
 
-@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed")
 def test_finals_come_at_the_pauses_of_spoken_audio(tiny_model: AsrModel, tmp_path: Path) -> None:
     """espeak-ng speech in three phrases separated by 1.5 s of silence: the token-silence rule alone
     (the fallback where no VAD closes) gives a final at each pause (not at the end of the stream),

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asr_core.features import FeatureConfig, StreamingLogMel, log_mel
+from tests.fixtures import peers
 from tools.bundle.filters import slaney_mel_filters
 from tools.bundle.probe import probe_audio
 
@@ -22,7 +23,7 @@ def _noise(n: int, seed: int = 0) -> np.ndarray:
 
 def _float64_reference(x: np.ndarray) -> np.ndarray:
     """HF's recipe (preemphasis, centered zero-padded STFT, power, mel, log) in float64 through torch."""
-    torch = pytest.importorskip("torch")
+    torch = peers.module("torch")
     xt = torch.from_numpy(x.astype(np.float64))
     y = torch.cat([xt[:1], xt[1:] - 0.97 * xt[:-1]])
     window = torch.hann_window(400, periodic=False, dtype=torch.float64)
@@ -45,7 +46,7 @@ def test_frames_match_the_reference_feature_extractor() -> None:
     """HF computes in float32: its STFT rounding moves quiet bins (near the 2^-24 log floor) by up to
     ~2e-4 -- ours equals the float64 recipe (test above). So: 1e-4 wherever the log-mel is above -10,
     5e-4 everywhere."""
-    transformers = pytest.importorskip("transformers")
+    transformers = peers.module("transformers")
     extractor = transformers.NemotronAsrStreamingFeatureExtractor(feature_size=128)
     for x in (probe_audio(3.0), _noise(48123)):
         ref = extractor(x, sampling_rate=16000, return_tensors="np")

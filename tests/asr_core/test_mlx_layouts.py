@@ -21,17 +21,23 @@ from asr_core.encoder import ChunkInput, StreamingEncoder, chunk_frames, first_c
 from asr_core.features import log_mel
 from asr_core.quant import QuantizedLinear
 from gateway.cli import main as ttg
+from tests.fixtures import peers
 from tests.fixtures.mlx_audio import MlxSources, load_arrays, mlx_audio_convert, mlx_audio_quantize
 from tools.bundle.mlx_export import mixed68_protected
 from tools.bundle.probe import probe_audio
 from tools.bundle.prompts import PROMPT_DICTIONARY
 from tools.bundle.tokens import generated_vocabulary
 
-mlx_audio = pytest.importorskip("mlx_audio")
 pytestmark = pytest.mark.reference  # the .nemo needs torch
 
 TOL = 1e-4  # encoder frames of |x| up to ~5, float32 compute on both sides
 CASES = [(3, "en-US"), (13, "auto"), (0, "uk-UA")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _mlx_audio() -> None:
+    """mlx-audio, the public converter and model these tests compare with (the reference extra)."""
+    peers.module("mlx_audio")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import itertools
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -38,34 +37,23 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.audio import g711
 from gateway.audio.pipeline import AudioBlock, AudioPipeline
 from gateway.config import RtpSettings
-from tests.fixtures.telephony import SippResult, run_sipp
+from tests.fixtures import peers
+from tests.fixtures.telephony import SippResult, free_sip_port, run_sipp
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"
 SIPP_DATA = REPO / "tests" / "data" / "sipp"
 STREAM = "ttg:transcripts"
 
-for tool in ("sipp", "espeak-ng", "redis-server"):
-    if shutil.which(tool) is None:
-        pytest.skip(f"{tool} is not installed (make deps)", allow_module_level=True)
+
+@pytest.fixture(autouse=True)
+def _daemon_peers() -> None:
+    """sipp calls, espeak-ng speaks and redis-server stores in every test here."""
+    for tool in ("sipp", "espeak-ng", "redis-server"):
+        peers.tool(tool)
 
 
 # --- ports ----------------------------------------------------------------------------------------------
-
-
-def free_sip_port() -> int:
-    """A port free for both UDP and TCP on 127.0.0.1 (the gateway listens on both)."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-            u.bind(("127.0.0.1", 0))
-            port = int(u.getsockname()[1])
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-                try:
-                    t.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no free SIP port")
 
 
 def free_tcp_port() -> int:

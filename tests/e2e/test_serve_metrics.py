@@ -7,7 +7,6 @@ so the two always check the same queries."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 import tests.ops.test_prometheus_live as live
 from tests.e2e.conftest import SIPP_DATA, Serve, Speech, sipp_calls, until
+from tests.fixtures import peers
 
 pytestmark = [pytest.mark.sipp, pytest.mark.redis, pytest.mark.slow]
 
@@ -28,8 +28,7 @@ async def test_live_metrics_of_the_daemon_feed_every_dashboard_panel(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if shutil.which("prometheus") is None or shutil.which("promtool") is None:
-        pytest.skip("prometheus/promtool are not installed (make deps)")
+    peers.tool("prometheus"), peers.tool("promtool")
     gw = serve(bundle=tiny_bundle, redis_url=redis_url)
     await asyncio.to_thread(gw.start)
     # Calls all through the check: two at a time, a new one each second, each ending with a BYE (so the

@@ -1,6 +1,6 @@
-"""Issue 6, acceptance 3: `ttg replay --calls 20` (its in-process API) against `ttg serve` completes
-with zero failed calls and writes its report files; the report's numbers are checked against what the
-calls did, as the gateway saw them (its events in Redis and its /metrics)."""
+"""`ttg replay --calls 20` (its in-process API) against `ttg serve` completes with zero failed calls and
+writes its report files; the report's numbers are checked against what the calls did, as the gateway saw
+them (its events in Redis and its /metrics)."""
 
 from __future__ import annotations
 
@@ -64,10 +64,19 @@ async def test_replay_of_twenty_concurrent_calls_against_the_daemon_reports_what
         end = report.calls[(by_sip[c.sip_call_id], "caller")][-1]
         assert c.call_end_received and end["type"] == "call_end" and end["reason"] == "bye"
         assert c.rtp_sent == c.rtp_planned == c.gateway_rtp_packets == int(end["rtp_packets"])
-        assert c.gateway_rtp_lost == 0 and end["asr_dropped_chunks"] == "0"
+        assert c.gateway_rtp_lost == 0
         assert (c.finals, c.partials) == (kinds[c.sip_call_id]["final"], kinds[c.sip_call_id]["partial"])
         assert len(c.utterances) == 2  # two sentences per clip, as sent
     assert s.finals == report.counts["final"] and s.partials == report.counts["partial"]
+    # A call whose audio waits more than the scheduler's queue bound before the encoder has chunks dropped:
+    # the gateway's answer to a CPU it cannot keep up with. How many depends on what else the machine
+    # runs, not on the calls, so every drop must be accounted for, whether there are any or not: in the
+    # call_end of a call whose stream finished (one still finishing at the end, asr=timeout, has none).
+    ends = [report.calls[(by_sip[c.sip_call_id], "caller")][-1] for c in rep.calls]
+    assert {e["asr"] for e in ends} <= {"finished", "timeout"}
+    reported = sum(int(e["asr_dropped_chunks"]) for e in ends if e["asr"] == "finished")
+    dropped = gw.metric("ttg_asr_chunks_dropped_total")
+    assert reported == dropped if all(e["asr"] == "finished" for e in ends) else reported <= dropped
     assert s.rtp_sent == s.gateway_rtp_packets == gw.metric("ttg_rtp_packets_received_total", codec="PCMU")
     assert gw.metric("ttg_calls_total", result="admitted") == CALLS
     assert s.utterances == 2 * CALLS

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -15,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+from tests.fixtures import peers
 
 
 def free_port() -> int:
@@ -43,10 +42,11 @@ class PrometheusServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> None:
+        prometheus = peers.tool("prometheus")
         log = (self.dir / "prometheus.log").open("wb")
         self.proc = subprocess.Popen(
             [
-                PROMETHEUS,
+                prometheus,
                 f"--config.file={self.dir / 'prometheus.yml'}",
                 f"--storage.tsdb.path={self.dir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",

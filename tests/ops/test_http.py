@@ -12,6 +12,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from gateway import metrics
 from gateway.http import HttpServer, Readiness
 from gateway.metrics import init_metrics
+from tests.fixtures import peers
 
 from .activity import drive_once
 
@@ -68,7 +69,7 @@ async def test_live_metrics_pass_promtool_check_metrics_with_every_family_presen
         assert {name, f"{name}_total", f"{name}_info"} & families, name
     assert "ttg_build_info{" in text and 'model="test-model"' in text
     check = subprocess.run(
-        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+        [peers.tool("promtool"), "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
     )
     assert check.returncode == 0, check.stdout + check.stderr
 

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
 from prometheus_client import REGISTRY
 
 from gateway.metrics import init_metrics
+from tests.fixtures import peers
 
 from .queries import METRIC, OPS, RULE_FILES, THRESHOLD, recorded_series, rules
 
-PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
-
 
 def promtool(*args: str, cwd: str | None = None) -> str:
-    res = subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+    res = subprocess.run([peers.tool("promtool"), *args], capture_output=True, text=True, timeout=60, cwd=cwd)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout + res.stderr
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import plistlib
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.fixtures import peers
 
 from .queries import OPS
 
@@ -16,14 +15,15 @@ UNIT = OPS / "systemd" / "ttg.service"
 PLIST = OPS / "launchd" / "org.ttg.gateway.plist"
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+@peers.linux_only
 def test_the_systemd_unit_verifies_without_warnings(tmp_path: Path) -> None:
     text = UNIT.read_text()
     assert "ExecStart=/opt/ttg/.venv/bin/ttg serve" in text
     # The install path does not exist here: point ExecStart at a real executable to verify the rest.
     unit = tmp_path / "ttg.service"
     unit.write_text(text.replace("/opt/ttg/.venv/bin/ttg", sys.executable))
-    res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    analyze = peers.tool("systemd-analyze")
+    res = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stderr.strip() == "", res.stderr
 
 
@@ -50,6 +50,6 @@ def test_the_launchd_plist_parses_and_runs_ttg_serve_with_restart_on_crash() -> 
     assert job["EnvironmentVariables"]["TTG_SINK__SPOOL_DIR"].startswith(job["WorkingDirectory"])
 
 
-@pytest.mark.skipif(shutil.which("plutil") is None, reason="plutil is macOS only")
+@peers.macos_only
 def test_plutil_lints_the_plist() -> None:  # pragma: no cover  (macOS)
     subprocess.run(["plutil", "-lint", str(PLIST)], check=True, timeout=30)

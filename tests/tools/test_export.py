@@ -11,6 +11,7 @@ import pytest
 from safetensors import safe_open
 
 from asr_core.bundle import load_bundle
+from tests.fixtures import peers
 from tests.fixtures.bundle import ReferenceBundle
 from tests.fixtures.mlx_audio import nemo_config, write_nemo
 from tools.bundle.filters import slaney_mel_filters
@@ -98,7 +99,7 @@ def test_a_tokens_file_of_the_wrong_size_is_rejected(hf_checkpoint: Path, tmp_pa
 
 def _nemo_archive(ref: ReferenceBundle, path: Path, *, xscaling: bool = False) -> np.ndarray:
     """The reference model as NeMo would save it, with NeMo's own copy of the filterbank (returned)."""
-    torch = pytest.importorskip("torch")
+    torch = peers.module("torch")
     fb = slaney_mel_filters().astype(np.float32) * np.float32(1 + 1e-7)  # NeMo's own copy, not bit-equal
     extra = {
         "preprocessor.featurizer.fb": fb[None],

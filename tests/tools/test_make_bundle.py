@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 from safetensors import safe_open
 
+from tests.fixtures import peers
 from tests.fixtures.bundle import BundleFactory, ReferenceBundle
 from tools.bundle.filters import slaney_mel_filters
 from tools.bundle.numpy_encoder import encoder_forward, joiner_frames
@@ -62,7 +63,7 @@ def test_tiny_bundle_has_every_file_and_exactly_the_spec_tensors(tiny_bundle: Pa
 
 
 def test_melfilters_are_the_slaney_filterbank_of_the_reference_extractor(tiny_bundle: Path) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = peers.module("transformers")
     stored = np.fromfile(tiny_bundle / "melfilters.f32", dtype="<f4").reshape(128, 257)
     hf = transformers.audio_utils.mel_filter_bank(
         num_frequency_bins=257,
@@ -142,7 +143,7 @@ def test_graphs_have_the_contract_io_with_a_symbolic_batch(tiny_bundle: Path) ->
 
 def test_graphs_compute_the_reference_prediction_network_and_joint(reference_tiny: ReferenceBundle) -> None:
     """ONNX LSTM gate order (i,o,f,c) vs torch (i,f,g,o) and the bias split are where exports go wrong."""
-    torch = pytest.importorskip("torch")
+    torch = peers.module("torch")
     model, spec = reference_tiny.model, reference_tiny.spec
     dec, joi = (
         _session(reference_tiny.bundle / "decoder.onnx"),
@@ -190,7 +191,7 @@ def test_bundle_is_accepted_by_the_loader(tiny_bundle: Path) -> None:
 
 
 def test_numpy_encoder_used_for_calibration_matches_the_reference(reference_tiny: ReferenceBundle) -> None:
-    torch = pytest.importorskip("torch")
+    torch = peers.module("torch")
     state = {k: v.numpy() for k, v in reference_tiny.model.state_dict().items()}
     mel = np.random.default_rng(0).standard_normal((203, 128)).astype(np.float32) * 3 - 8
     for lookahead in (0, 3):

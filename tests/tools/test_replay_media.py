@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import soundfile as sf
 
 from gateway.audio import g711
 from gateway.rtp.packet import parse_rtp
+from tests.fixtures import peers
 from tests.fixtures.replay import burst_pcm, write_burst_wav
 from tools.replay import audio
 from tools.replay.config import Impairments, LanguageMix, LoadConfig
@@ -93,8 +93,8 @@ def test_language_folders_serve_their_language_and_root_files_the_rest(tmp_path:
     assert [c.name for c in lib.pool("en-US")] == ["shared.wav"]
 
 
-@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed")
 def test_generated_espeak_set_has_references_and_two_utterances_per_file(tmp_path: Path) -> None:
+    peers.tool("espeak-ng")
     audio.generate_espeak(tmp_path, 1, ["en-US"])
     lib = audio.load_library(tmp_path, 600)
     [c] = lib.shared

@@ -12,6 +12,7 @@ import pytest
 from safetensors import safe_open
 
 from asr_core.api import StreamEnded, TranscriptEvent
+from tests.fixtures import peers
 from tests.fixtures.bundle import BundleFactory
 from tools.bench.speechlike import analyse, held_out_set, stream_speech, token_times
 from tools.bundle.spec import TINY
@@ -24,6 +25,7 @@ from tools.make_bundle import main as make_bundle_main
 
 @pytest.fixture(scope="module")
 def speech_bundle(bundle_factory: BundleFactory) -> Path:
+    peers.tool("espeak-ng")  # the calibration speaks its sentences with it
     return bundle_factory("tiny", 0, "f32", calibrate="speech")
 
 
@@ -90,6 +92,7 @@ def test_the_loudness_channel_never_reads_the_zero_padding() -> None:
         for n in (RATE * 2, RATE * 2 + 160, RATE * 2 + 1440, RATE * 3 + 999)
     ]
     silent = np.concatenate([z[:, 0] for z in encoder_outputs(TINY, enc, streams)])
+    peers.tool("espeak-ng")  # the speech it is compared with
     speech = render(held_out_set(per_voice=1))[:1]
     loud = encoder_outputs(TINY, enc, speech)[0][:, 0]
     gap = float(np.median(loud[frame_labels(speech[0].spans, len(loud), 2) == 1])) - silent.max()

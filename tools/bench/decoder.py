@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 
-import asr_core  # noqa: F401  (OpenBLAS before MLX)
 from asr_core.bundle import load_bundle
 from asr_core.decoder import BatchedGreedyDecoder, Emission, GreedyDecoder, NumpyRnnt, RnntGraphs, RnntNet
 from asr_core.features import FeatureConfig, log_mel

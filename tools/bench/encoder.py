@@ -31,13 +31,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
-# isort: off
-import asr_core  # OpenBLAS under MLX: must be imported before mlx.core
-import mlx.core as mx
-
-# isort: on
+import asr_core._blas
 from asr_core.bundle import EncoderConfig, ModelConfig
 from asr_core.encoder import ChunkInput, StreamingEncoder, chunk_frames, first_chunk_frames
 

@@ -323,7 +323,6 @@ HEADER = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS)
 
 
 def main(args: argparse.Namespace) -> int:
-    import asr_core  # noqa: F401  (OpenBLAS before mlx)
     from asr_core.model import AsrModel
 
     t_load = time.monotonic()
@@ -369,6 +368,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
+    from asr_core import configure_cpu_blas
+
+    configure_cpu_blas()  # before main() loads the model (and mlx)
     parser = argparse.ArgumentParser(prog="python -m tools.bench.engine", description=__doc__)
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

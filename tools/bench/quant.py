@@ -36,11 +36,12 @@ from typing import Any
 
 import numpy as np
 
-# isort: off
-import asr_core  # noqa: F401  (OpenBLAS under MLX on a CPU: must be imported before mlx.core)
+from asr_core import configure_cpu_blas
+
+if __name__ == "__main__":  # run as a program on a CPU: OpenBLAS under MLX, before mlx.core loads
+    configure_cpu_blas()
 import mlx.core as mx
 
-# isort: on
 from asr_core.bundle import load_bundle, on_gpu
 from asr_core.encoder import ChunkInput, StreamingEncoder, chunk_frames, first_chunk_frames
 from asr_core.encoder.layers import weight_nbytes

@@ -221,7 +221,6 @@ def stream_speech(
 
 
 def main(args: argparse.Namespace) -> int:
-    import asr_core  # noqa: F401  (OpenBLAS before MLX)
     from asr_core.model import AsrModel
 
     streams = render(held_out_set(args.per_voice))

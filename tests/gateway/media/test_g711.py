@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gateway.audio import g711
+from tests.fixtures import peers
 
 # ITU-T G.711 Table 2 (µ-law): decoder output value (14-bit scale) of the first step of each segment,
 # y = (33·2^e) − 33, and the largest output 8031. Our int16 scale is ×4.
@@ -91,7 +92,7 @@ def test_encoding_is_monotonic_and_error_is_within_one_step(law: str) -> None:
 def test_tables_equal_the_reference_implementation_for_every_input() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        audioop = pytest.importorskip("audioop")  # CPython ≤ 3.12: the classic Sun/CCITT code
+        audioop = peers.module("audioop")  # the classic Sun/CCITT code (stdlib ≤ 3.12, audioop-lts)
     codes = bytes(range(256))
     assert np.array_equal(np.frombuffer(audioop.ulaw2lin(codes, 2), np.int16), g711.ULAW_TO_INT16)
     assert np.array_equal(np.frombuffer(audioop.alaw2lin(codes, 2), np.int16), g711.ALAW_TO_INT16)

@@ -486,9 +486,9 @@ def test_audio_reaches_the_sink_within_one_block_plus_the_resampler_lookahead() 
 SIPP_PCAPS = Path("/usr/share/sip-tester")
 
 
-@pytest.mark.skipif(not (SIPP_PCAPS / "g711a.pcap").exists(), reason="sipp (sip-tester) pcaps not installed")
 def test_sipps_own_alaw_and_dtmf_pcaps_replayed_as_sipp_plays_them() -> None:
     """Debian's sipp ships PCMA at 30 ms and an RFC 2833 '1' from another SSRC (end packet ×3, same seq)."""
+    assert (SIPP_PCAPS / "g711a.pcap").exists(), f"Debian's sip-tester ships its sample pcaps in {SIPP_PCAPS}"
     audio = read_pcap_rtp(str(SIPP_PCAPS / "g711a.pcap"))
     dtmf = read_pcap_rtp(str(SIPP_PCAPS / "dtmf_2833_1.pcap"))
     d = Driver(plan=PLAN_PCMA)

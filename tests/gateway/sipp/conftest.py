@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, fields, replace
@@ -21,10 +20,8 @@ from gateway.call.frontend import FrontEndConfig, TelephonyFrontEnd
 from gateway.call.legs import LocalLegs
 from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import MediaManager
-from tests.fixtures.telephony import SIPP, MemoryPublisher, RecordingEngine, SippResult, run_sipp
-
-if SIPP is None:
-    pytest.skip("sipp (Debian package sip-tester) is not installed", allow_module_level=True)
+from tests.fixtures import peers
+from tests.fixtures.telephony import MemoryPublisher, RecordingEngine, SippResult, run_sipp
 
 
 @dataclass
@@ -101,9 +98,7 @@ class Speech:
 
 
 def make_speech(directory: Path, text: str, law: str = "ulaw") -> Speech:
-    espeak, sox = shutil.which("espeak-ng"), shutil.which("sox")
-    if espeak is None or sox is None:
-        pytest.skip("espeak-ng and sox are needed for test speech")
+    espeak, sox = peers.tool("espeak-ng"), peers.tool("sox")
     wav = directory / "speech.wav"
     raw = directory / f"speech.{law}"
     subprocess.run([espeak, "-v", "en-us", "-s", "175", "-w", str(wav), text], check=True, timeout=30)

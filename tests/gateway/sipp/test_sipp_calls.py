@@ -268,10 +268,11 @@ async def test_digest_challenge_and_authenticated_call(gateway: GatewayFactory) 
 
 async def test_alaw_pcap_with_30ms_packets_and_a_dtmf_digit(gateway: GatewayFactory) -> None:
     pcap, dtmf = PCAP_DIR / "g711a.pcap", PCAP_DIR / "dtmf_2833_1.pcap"
-    if not pcap.exists() or not dtmf.exists():
-        pytest.skip("Debian's sip-tester sample pcaps are not installed")
-    if not can_open_raw_socket():
-        pytest.skip("sipp's play_pcap_audio needs a raw socket (root or CAP_NET_RAW)")
+    assert pcap.exists() and dtmf.exists(), f"Debian's sip-tester ships its sample pcaps in {PCAP_DIR}"
+    assert can_open_raw_socket(), (
+        "sipp's play_pcap_audio needs a raw socket: run the tests as root (as CI does) or give sipp "
+        "CAP_NET_RAW (sudo setcap cap_net_raw+ep $(command -v sipp))"
+    )
     gw = await gateway()
     result = await gw.sipp("uac_pcap.xml", substitute={"PCAP": str(pcap), "DTMF": str(dtmf)}, timeout_s=20)
     assert result.stats.get("SuccessfulCall(C)") == 1, result.stderr + result.errors

@@ -1,0 +1,131 @@
+"""Importing asr_core changes nothing in the process; `configure_cpu_blas()` is the explicit set-up that
+the programs running MLX make.
+
+Each check runs in a fresh interpreter, since the test session itself has been set up (conftest)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fixtures import peers
+
+REPO = Path(__file__).resolve().parents[2]
+# Prints the BLAS libraries the process has loaded, with their thread counts, before and after importing
+# asr_core down to the modules that load mlx; SETUP is where an entry point's explicit set-up goes.
+PROBE = """
+import json, sys
+import numpy
+from threadpoolctl import threadpool_info
+
+def blas():
+    return {lib["filepath"]: lib["num_threads"] for lib in threadpool_info()}
+
+before = blas()
+SETUP
+import asr_core, asr_core.bundle, asr_core.engine, asr_core.model
+print(json.dumps({"before": before, "after": blas(), "mlx_loaded": "mlx.core" in sys.modules}))
+"""
+
+
+def blas_libraries(setup: str = "") -> tuple[dict[str, int], dict[str, int]]:
+    """{library path: threads} before and after the imports."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTG_")}
+    env["OPENBLAS_NUM_THREADS"] = "2"  # numpy's BLAS starts with two threads, whatever the machine
+    res = subprocess.run(
+        [sys.executable, "-c", PROBE.replace("SETUP", setup)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["mlx_loaded"], "the imports reach mlx.core, which a preload has to precede"
+    return out["before"], out["after"]
+
+
+@peers.linux_only
+def test_importing_asr_core_loads_no_blas_library_and_sets_no_thread_count() -> None:
+    before, after = blas_libraries()
+    assert list(before.values()) == [2]  # numpy's own OpenBLAS, as the environment set it
+    assert after == before
+
+
+@peers.linux_only
+def test_configure_cpu_blas_preloads_openblas_and_runs_numpy_blas_on_one_thread() -> None:
+    before, after = blas_libraries("from asr_core import configure_cpu_blas; configure_cpu_blas()")
+    [numpy_blas] = before
+    added = [path for path in after if path not in before]
+    assert after[numpy_blas] == 1
+    assert len(added) == 1 and "openblas-pthread" in added[0], (
+        f"{added}: MLX's OpenBLAS is Debian's libopenblas0-pthread (`make deps` installs it)"
+    )
+
+
+@peers.linux_only
+def test_the_ttg_commands_that_run_mlx_set_it_up_first_and_the_others_do_not() -> None:
+    code = """
+import sys
+from gateway import cli
+try:
+    cli.main([sys.argv[1], "--help"])
+except SystemExit:
+    pass
+print("openblas-pthread" in open("/proc/self/maps").read())
+"""
+    loaded = {}
+    for command in ("serve", "transcribe", "tail"):
+        res = subprocess.run(
+            [sys.executable, "-c", code, command], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert res.returncode == 0, res.stderr
+        loaded[command] = res.stdout.splitlines()[-1]
+    assert loaded == {"serve": "True", "transcribe": "True", "tail": "False"}
+
+
+@peers.linux_only
+def test_the_engine_and_media_worker_processes_set_up_their_own_blas() -> None:
+    """`ttg serve` starts them as programs of their own: the engine process runs MLX (OpenBLAS under
+    it); a media worker runs only the streams' front ends (numpy's BLAS on one thread, no OpenBLAS)."""
+    code = """
+import json, runpy, sys
+from threadpoolctl import threadpool_info
+sys.argv = [sys.argv[1], "--help"]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__")
+except SystemExit:
+    pass
+numpy_threads = [lib["num_threads"] for lib in threadpool_info() if "scipy_openblas" in lib["filepath"]]
+print(json.dumps(["openblas-pthread" in open("/proc/self/maps").read(), numpy_threads]))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTG_")}
+    env["OPENBLAS_NUM_THREADS"] = "2"
+    found = {}
+    for program in ("asr_core.host", "gateway.workers.media_worker"):
+        res = subprocess.run(
+            [sys.executable, "-c", code, program],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        found[program] = json.loads(res.stdout.splitlines()[-1])
+    assert found == {"asr_core.host": [True, [1]], "gateway.workers.media_worker": [False, [1]]}
+
+
+@peers.linux_only
+def test_torch_and_mlx_run_in_one_process_set_up_with_torch_first() -> None:
+    """torch's batched matmul with OpenBLAS global: it crashed (SIGSEGV) where OpenBLAS has a
+    cblas_sgemm_batch of its own (Debian 13) when torch was loaded after it."""
+    code = """
+from asr_core import configure_cpu_blas
+configure_cpu_blas(torch=True)
+import mlx.core as mx
+import torch
+q, k = torch.randn(1, 8, 50, 64), torch.randn(1, 8, 64, 100)
+a = mx.random.normal((64, 64))
+print(tuple((q @ k).shape), (a @ a).shape)
+"""
+    peers.module("torch")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["(1,", "8,", "50,", "100)", "(64,", "64)"]
