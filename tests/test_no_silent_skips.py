@@ -17,5 +17,5 @@ def test_only_the_platform_checks_in_peers_skip() -> None:
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if SKIPS.search(line)
     ]
-    hint = "a missing peer fails: use tests.fixtures.peers (tool, module, macos_only, linux_only)"
+    hint = "a missing peer fails: use tests.fixtures.peers (tool, module and the platform marks)"
     assert found == [], hint + "\n" + "\n".join(found)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -20,21 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 import soundfile as sf
 
 from tests.e2e.conftest import REPO, espeak_8k, free_tcp_port, port_block, terminate
+from tests.fixtures.peers import tool
 
 KAMAILIO_CFG = REPO / "ops" / "kamailio" / "kamailio.cfg"
-
-
-def need(tool: str) -> str:
-    # Debian puts kamailio in /usr/sbin, which a non-root user's PATH does not name.
-    search = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/local/sbin", "/usr/sbin", "/sbin"])
-    path = shutil.which(tool, path=search)
-    if path is None:
-        pytest.fail(f"{tool} is not installed: `make deps` installs it (Makefile APT_PACKAGES)")
-    return path
 
 
 def speech_wav(workdir: Path, sentences: Sequence[str], *, tail_silence_s: float = 0.0) -> Path:
@@ -56,7 +45,7 @@ class Baresip:
     def __init__(self, workdir: Path, audio: Path, *, codecs: str = "PCMA", password: str = "") -> None:
         self.workdir = workdir / "baresip"
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.binary = need("baresip")
+        self.binary = tool("baresip")
         base = port_block(24, tcp=True)  # SIP (UDP/TCP) at base, TLS at base+1 (libre's default), RTP after
         self.sip_port = base
         self.ctrl_port = free_tcp_port()
@@ -185,7 +174,7 @@ class Kamailio:
     def __init__(self, workdir: Path, gateways: Sequence[int], *, probe_interval_s: int = 1) -> None:
         self.workdir = workdir / "kamailio"
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.binary = need("kamailio")
+        self.binary = tool("kamailio")
         self.port = port_block(2)
         self.list_file = self.workdir / "dispatcher.list"
         self.list_file.write_text("".join(f"1 sip:127.0.0.1:{p} 0 0\n" for p in gateways))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import Serve, port_block
-from tests.e2e.peers import need
+from tests.fixtures.peers import tool
 
 pytestmark = [pytest.mark.slow]
 
@@ -33,7 +33,7 @@ def sipsak(gw: Serve, message: bytes, transport: str, workdir: Path) -> bytes:
     path = workdir / f"msg-{transport}-{abs(hash(message))}.sip"
     path.write_bytes(message)
     proc = subprocess.run(
-        [need("sipsak"), "-vvv", "-L", "-f", str(path), "-s", f"sip:1000@127.0.0.1:{gw.sip_port}",
+        [tool("sipsak"), "-vvv", "-L", "-f", str(path), "-s", f"sip:1000@127.0.0.1:{gw.sip_port}",
          "-H", "127.0.0.1", "-l", str(port_block(2, tcp=True)), "-E", transport],
         capture_output=True, timeout=60, check=False,
     )  # fmt: skip

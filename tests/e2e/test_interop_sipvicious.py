@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import REPO, Serve, port_block
-from tests.e2e.peers import need
+from tests.fixtures.peers import tool
 
 pytestmark = [pytest.mark.slow]
 
@@ -31,7 +31,7 @@ FILTER = REPO / "ops" / "fail2ban" / "filter.d" / "ttg-sip.conf"
 
 
 def svcrack(gw: Serve, dictionary: Path, workdir: Path) -> str:
-    binary = need("svcrack")
+    binary = tool("svcrack")
     proc = subprocess.run(
         [binary, "-u", "trunk", "-d", str(dictionary), "-m", "INVITE", "-b", "127.0.0.1",
          "-P", str(port_block(2)), f"udp://127.0.0.1:{gw.sip_port}"],
@@ -69,7 +69,7 @@ async def test_svcrack_is_banned_before_it_reaches_the_password_and_every_failur
     assert guarded.metric("ttg_sip_errors_total", reason="banned") >= 1
     assert guarded.metric("ttg_calls_total", result="admitted") == 0
 
-    need("fail2ban-regex")
+    tool("fail2ban-regex")
     f2b = subprocess.run(
         ["fail2ban-regex", "--print-all-matched", str(guarded.log_path), str(FILTER)],
         capture_output=True, text=True, timeout=60, check=False,

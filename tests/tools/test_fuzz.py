@@ -17,13 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures.peers import atheris_platform, hypothesis_fuzz_platform
 from tools.fuzz.targets import TARGETS, check
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = {"sip": 3000, "framer": 3000, "agent": 600, "sdp": 5000, "rtp": 5000, "dtmf": 5000, "media": 150}
 
 
-@pytest.mark.skipif(sys.platform == "darwin", reason="atheris has no macOS wheels: see the test below")
+@atheris_platform
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_a_short_coverage_guided_run_raises_nothing_but_parse_errors(name: str, tmp_path: Path) -> None:
     proc = subprocess.run(
@@ -38,7 +39,7 @@ def test_a_short_coverage_guided_run_raises_nothing_but_parse_errors(name: str, 
     assert not list(tmp_path.glob(f"{name}-crash-*")), report[-4000:]
 
 
-@pytest.mark.skipif(sys.platform != "darwin", reason="Linux runs the coverage-guided fuzzer above")
+@hypothesis_fuzz_platform
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_hypothesis_inputs_raise_nothing_but_parse_errors(name: str) -> None:  # pragma: no cover
     target = TARGETS[name]
