@@ -345,9 +345,15 @@ def run_level(
         folders.append(folder)
         running.append((p, log))
     codes = []
-    for p, log in running:
-        codes.append(p.wait())
-        log.close()
+    try:
+        for p, log in running:
+            codes.append(p.wait())
+            log.close()
+    finally:
+        for p, _ in running:
+            if p.poll() is None:  # the run is being stopped (SIGTERM, ^C): stop its replays too
+                p.terminate()
+                p.wait(30)
     t1 = time.monotonic()
     for i in range(procs):
         sampler.others.pop(f"replay_{i}", None)
@@ -440,7 +446,14 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(args: argparse.Namespace) -> int:
+    # SIGTERM (a time limit, a supervisor) unwinds like ^C: every `finally` below stops the redis-server,
+    # gateway and replay processes this run started instead of leaving them holding its ports.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args.out = Path(args.out).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     levels = [args.max_calls] if args.find_capacity else [int(x) for x in args.levels.split(",")]
