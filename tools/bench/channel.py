@@ -26,6 +26,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +73,21 @@ _SHM_WRITER = textwrap.dedent(
 )
 
 
-def _pipe_writer(conn: Any, n: int, rate: float, batch: int, out: Any) -> None:
-    mel = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
-    t0, c0 = time.monotonic(), time.process_time()
+def _paced(n: int, rate: float, batch: int) -> Iterator[int]:
+    """0 .. n-1, each batch's first message not before its time at `rate` per second (0: flat out)."""
+    t0 = time.monotonic()
     for i in range(n):
         if rate > 0 and i % batch == 0:
             d = t0 + i / rate - time.monotonic()
             if d > 0:
                 time.sleep(d)
+        yield i
+
+
+def _pipe_writer(conn: Any, n: int, rate: float, batch: int, out: Any) -> None:
+    mel = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
+    c0 = time.process_time()
+    for _ in _paced(n, rate, batch):
         conn.send_bytes(np.float64(time.monotonic()).tobytes() + mel.tobytes())
     out.put(time.process_time() - c0)
     conn.close()
@@ -87,12 +95,8 @@ def _pipe_writer(conn: Any, n: int, rate: float, batch: int, out: Any) -> None:
 
 def _queue_writer(q: Any, n: int, rate: float, batch: int, out: Any) -> None:
     mel = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
-    t0, c0 = time.monotonic(), time.process_time()
-    for i in range(n):
-        if rate > 0 and i % batch == 0:
-            d = t0 + i / rate - time.monotonic()
-            if d > 0:
-                time.sleep(d)
+    c0 = time.process_time()
+    for _ in _paced(n, rate, batch):
         q.put((time.monotonic(), mel))
     q.put(None)
     q.close()
