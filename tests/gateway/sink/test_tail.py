@@ -270,9 +270,11 @@ def test_on_a_terminal_partials_are_rewritten_in_place_and_the_final_replaces_th
     r: redis.Redis, redis_url: str
 ) -> None:
     pid, fd = pty.fork()
-    if pid == 0:  # the child: ttg tail on a pseudo-terminal
-        os.execv(
-            sys.executable, [sys.executable, "-m", "gateway.cli", "tail", "-f", "-n", "0", "--url", redis_url]
+    if pid == 0:  # the child: ttg tail on a pseudo-terminal, of a kind that draws (whatever runs the tests)
+        os.execve(
+            sys.executable,
+            [sys.executable, "-m", "gateway.cli", "tail", "-f", "-n", "0", "--url", redis_url],
+            {**os.environ, "TERM": "xterm-256color"},
         )
     try:
         deadline = time.monotonic() + 15
