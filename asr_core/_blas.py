@@ -23,6 +23,7 @@ import glob
 import logging
 import os
 import sys
+from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,25 @@ def preload_openblas() -> str | None:
 
 def openblas_path() -> str | None:
     return _loaded
+
+
+@contextlib.contextmanager
+def openblas_threads(n: int) -> Iterator[None]:
+    """Run the preloaded OpenBLAS (MLX's CPU matmuls) on `n` threads inside the block. Its results
+    depend on the thread count (the work is split, and summed, differently), so a computation that must
+    give the same bytes on every run of a machine pins it. A no-op where no OpenBLAS was preloaded."""
+    lib = ctypes.CDLL(_loaded) if _loaded is not None else None
+    get = getattr(lib, "openblas_get_num_threads", None)
+    set_ = getattr(lib, "openblas_set_num_threads", None)
+    if get is None or set_ is None:
+        yield
+        return
+    before = int(get())
+    set_(ctypes.c_int(n))
+    try:
+        yield
+    finally:
+        set_(ctypes.c_int(before))
 
 
 def configure_cpu_blas(*, torch: bool = False, mlx: bool = True) -> str | None:

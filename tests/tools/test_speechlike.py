@@ -4,6 +4,9 @@ speech model: a few tokens per second of speech, none in pauses, a final at each
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +100,21 @@ def test_the_loudness_channel_never_reads_the_zero_padding() -> None:
     loud = encoder_outputs(TINY, enc, speech)[0][:, 0]
     gap = float(np.median(loud[frame_labels(speech[0].spans, len(loud), 2) == 1])) - silent.max()
     assert gap > 1.0 and np.ptp(silent) < 0.1 * gap
+
+
+def test_the_bytes_do_not_depend_on_how_many_threads_blas_may_use(tmp_path: Path) -> None:
+    """The calibration's encoder pass gave other sums with OpenBLAS on 1 and on 2 threads."""
+    bundles = []
+    for threads in ("1", "2"):
+        out = tmp_path / f"threads-{threads}"
+        subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "make-bundle", "--size", "tiny", "--calibrate", "speech",
+             "--out", str(out)],
+            env={**os.environ, "OPENBLAS_NUM_THREADS": threads}, check=True, capture_output=True, timeout=300,
+        )  # fmt: skip
+        bundles.append(out)
+    for name in ("encoder.safetensors", "decoder.onnx", "joiner.onnx"):
+        assert (bundles[0] / name).read_bytes() == (bundles[1] / name).read_bytes(), name
 
 
 def test_same_arguments_give_the_same_bytes(speech_bundle: Path, tmp_path: Path) -> None:
