@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import asr_core.mlx_bundle as mlx_bundle_module
-from asr_core.bundle import MLX_AUDIO_LAYOUT, EncoderConfig, ModelConfig, load_bundle
+from asr_core.bundle import MLX_AUDIO_LAYOUT, ModelConfig, load_bundle
 from asr_core.encoder import StreamingEncoder
 from asr_core.encoder.layers import weight_nbytes
 from asr_core.errors import BundleError
@@ -40,20 +40,7 @@ def copy(q8: tuple[Path, dict[str, Any]], tmp_path: Path) -> Path:
 
 def _full_config() -> ModelConfig:
     s = FULL
-    enc = EncoderConfig(
-        hidden_size=s.hidden_size,
-        num_hidden_layers=s.num_layers,
-        num_attention_heads=s.num_heads,
-        intermediate_size=s.intermediate_size,
-        conv_kernel_size=s.conv_kernel_size,
-        subsampling_factor=8,
-        subsampling_conv_channels=s.subsampling_channels,
-        n_mels=s.n_mels,
-        left_context_frames=56,
-        num_prompts=s.num_prompts,
-        prompt_intermediate_size=s.prompt_intermediate,
-        output_size=s.decoder_hidden,
-    )
+    enc = s.encoder_config()
     return ModelConfig(
         vocab_size=s.vocab_size,
         blank_token_id=s.blank_id,

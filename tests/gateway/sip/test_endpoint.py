@@ -193,7 +193,8 @@ class _ScriptedAgent(UserAgent):
         contact_host: str | None = None,
         recording: bool = False,
     ) -> list[Any]:
-        return [*super().answer(call_ref, sdp, now, contact_host=contact_host), CallReleased(call_ref, 200)]
+        answered = super().answer(call_ref, sdp, now, contact_host=contact_host, recording=recording)
+        return [*answered, CallReleased(call_ref, 200)]
 
 
 async def test_effects_of_an_action_taken_inside_a_handler_wait_their_turn() -> None:
