@@ -17,8 +17,10 @@ training script adds the telephone channel on the fly (see `augment.py`), so eve
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
+import re
 import shutil
 import subprocess
 import time
@@ -169,10 +171,20 @@ def plan(
     return out
 
 
+@functools.cache
+def espeak_command() -> tuple[str, ...]:
+    """espeak-ng, in its deterministic random mode where it has one. The voices with breath noise
+    (the f2, f3, f5 variants among ours) draw it from rand(); espeak-ng 1.52 seeds that from the
+    clock unless given -D, so the same sentence gave other samples in the next second. 1.51 never
+    seeded it (the same samples every run) and has no -D."""
+    usage = subprocess.run(["espeak-ng", "--help"], capture_output=True, text=True, timeout=30).stdout
+    return ("espeak-ng", "-D") if re.search(r"^-D\s", usage, re.MULTILINE) else ("espeak-ng",)
+
+
 def synthesize(utt: Utterance) -> np.ndarray:
     """espeak-ng -> trimmed, level-normalized float32 mono at 8 kHz (soxr HQ, as NeMo resamples)."""
     wav = subprocess.run(
-        ["espeak-ng", *utt.voice.args(), "--stdout", utt.text],
+        [*espeak_command(), *utt.voice.args(), "--stdout", utt.text],
         check=True,
         capture_output=True,
         timeout=60,
