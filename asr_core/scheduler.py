@@ -16,9 +16,11 @@ Invariants
 1. Order within a stream is sacred: a stream has at most one chunk in flight (planned, not yet
    reported) and its chunks are planned in push order. So a step holds at most one chunk per stream.
 2. A step is planned when `max_batch` chunks are ready, when every stream that could contribute has a
-   ready chunk (waiting cannot make the batch bigger), or when the oldest ready chunk has waited
-   `max_wait_ms`. Rows are taken oldest first (by the arrival of each stream's next chunk; ties in
-   join order), at most `max_batch` per step; the rest keep their place and go first next time.
+   ready chunk (waiting cannot make the batch bigger), when a ready stream has a flush queued (its
+   caller stopped speaking and waits for the final: a batching wait would add straight to the time
+   to final), or when the oldest ready chunk has waited `max_wait_ms`. Rows are taken oldest first
+   (by the arrival of each stream's next chunk; ties in join order), at most `max_batch` per step;
+   the rest keep their place and go first next time.
 3. A stream has at most `max_undecoded_chunks` chunks handed to the encoder and not yet decoded. A
    slow decoder thus backs up into the encoder queue, which is the one place where overload shows.
 4. Backpressure: a stream holds at most `max_queued_chunks` chunks. A push beyond that drops the
@@ -221,6 +223,7 @@ class EncoderScheduler(Generic[P]):
         self.cost = StepCost()
         # Kept up to date by _refresh(), so that a push costs O(1) whatever the number of streams.
         self._ready: dict[int, _Stream[P]] = {}  # could go into the next step now
+        self._urgent: set[int] = set()  # ready, with a flush queued (rule 2: step without waiting)
         self._could: set[int] = set()  # could add a chunk to the next step (open, or ending with work)
         self._leaving: set[int] = set()
         self._armed: float | None = None  # the last deadline next_deadline() gave
@@ -380,7 +383,7 @@ class EncoderScheduler(Generic[P]):
         deadlines = [self._streams[k].left_at or 0.0 for k in self._leaving]
         if self._ready:
             oldest = min(s.queue[0].arrived_at for s in self._ready.values())
-            deadlines.append(oldest if self._full() else oldest + self._max_wait_s)
+            deadlines.append(oldest if self._full() or self._urgent else oldest + self._max_wait_s)
         self._armed = min(deadlines) if deadlines else None
         return self._armed
 
@@ -435,6 +438,12 @@ class EncoderScheduler(Generic[P]):
             self._could.add(key)
         else:
             self._could.discard(key)
+        urgent = ready and any(q.flush for q in s.queue)
+        if urgent and key not in self._urgent:
+            self._urgent.add(key)
+            self.needs_wake = True
+        elif not urgent:
+            self._urgent.discard(key)
         if ready and key not in self._ready:
             self._ready[key] = s
             due_at = s.queue[0].arrived_at + (0.0 if self._full() else self._max_wait_s)
@@ -458,7 +467,7 @@ class EncoderScheduler(Generic[P]):
         return n > 0 and (n >= self.config.max_batch or n >= len(self._could))
 
     def _due(self, now: float) -> bool:
-        if self._full():
+        if self._full() or self._urgent:
             return True
         return now - min(s.queue[0].arrived_at for s in self._ready.values()) >= self._max_wait_s
 
@@ -476,6 +485,7 @@ class EncoderScheduler(Generic[P]):
         for s in leavers:
             del self._streams[s.key]
             self._ready.pop(s.key, None)
+            self._urgent.discard(s.key)
             self._could.discard(s.key)
             s.phase = StreamPhase.LEFT
         return [StreamLeft(key=s.key, reason=s.leave_reason, had_slot=s.has_slot) for s in leavers]

@@ -447,3 +447,49 @@ def test_on_a_cpu_the_adaptive_wait_stays_short() -> None:
     adaptive = _simulate(cpu, 100, policy="adaptive", wait_ms=100.0)
     assert adaptive["policy_wait"] < 0.002  # 3 x 0.3 ms once the batches vary enough to fit
     assert adaptive["max_wait"] < 0.02
+
+
+def test_a_flush_steps_at_once_with_whatever_else_is_ready() -> None:
+    """The caller stopped speaking and waits for the final: waiting for a fuller batch would add the
+    wait to the time to final."""
+    s = make_scheduler(max_wait_ms=50.0)
+    for k in (1, 2, 3):
+        s.add_stream(k, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "a", now=1.000)
+    assert s.next_deadline() == pytest.approx(1.050)
+    s.push_chunk(2, "flush", now=1.010, flush=True)
+    assert s.needs_wake
+    assert s.next_deadline() == pytest.approx(1.000)
+    plan = s.schedule(1.010)
+    assert plan is not None and keys(plan) == [(1, 0), (2, 0)]
+    assert [r.flush for r in plan.rows] == [False, True]
+
+
+def test_a_flush_behind_a_chunk_in_flight_steps_as_soon_as_the_stream_is_ready_again() -> None:
+    s = make_scheduler(max_wait_ms=50.0)
+    for k in (1, 2, 3):
+        s.add_stream(k, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "a", now=1.000)
+    s.push_chunk(2, "b", now=1.000)
+    plan = s.schedule(1.050)
+    assert plan is not None and keys(plan) == [(1, 0), (2, 0)]
+    s.push_chunk(1, "flush", now=1.060, flush=True)
+    s.push_chunk(3, "c", now=1.060)
+    assert s.schedule(1.061) is None  # stream 1's chunk is still in flight; stream 3 waits its turn
+    out = s.update_from_output(plan, fake_frames(plan), 1.070)
+    assert s.next_deadline() == pytest.approx(1.060)
+    plan = s.schedule(1.070)
+    assert plan is not None and keys(plan) == [(1, 1), (3, 0)]
+    assert [r.flush for r in plan.rows] == [True, False]
+    assert len(out) == 2
+
+
+def test_without_a_flush_the_batching_wait_is_unchanged() -> None:
+    s = make_scheduler(max_wait_ms=50.0)
+    for k in (1, 2, 3):
+        s.add_stream(k, prompt_id=0, lookahead=3)
+    s.push_chunk(1, "flush", now=1.000, flush=True)
+    run(s, 1.000)
+    s.push_chunk(2, "b", now=1.010)
+    assert s.next_deadline() == pytest.approx(1.060)
+    assert s.schedule(1.020) is None

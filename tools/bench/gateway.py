@@ -204,19 +204,22 @@ class Sampler:
 # --- metrics -----------------------------------------------------------------------------------------
 
 
-def _scrape(url: str) -> dict[str, float]:
-    """Sums of the engine's counters and histograms (name -> value) from /metrics."""
+ENGINE_METRICS = (
+    "ttg_encoder_batch_size",
+    "ttg_encoder_step_seconds",
+    "ttg_decoder_step_seconds",
+    "ttg_asr_queue_wait_seconds",
+    "ttg_asr_chunks_dropped",
+    "ttg_calls",
+    "ttg_rtp_packets_received",
+)
+
+
+def scrape(url: str, wanted: tuple[str, ...] = ENGINE_METRICS) -> dict[str, float]:
+    """Sums of counters and histograms (name -> value) from /metrics, of the families named by a
+    prefix in `wanted`; a `result` or `type` label goes into the key: `ttg_calls_total{completed}`."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    wanted = (
-        "ttg_encoder_batch_size",
-        "ttg_encoder_step_seconds",
-        "ttg_decoder_step_seconds",
-        "ttg_asr_queue_wait_seconds",
-        "ttg_asr_chunks_dropped",
-        "ttg_calls",
-        "ttg_rtp_packets_received",
-    )
     out: dict[str, float] = {}
     try:
         text = _get(url)
@@ -227,7 +230,8 @@ def _scrape(url: str) -> dict[str, float]:
             continue
         for s in fam.samples:
             if s.name.endswith(("_sum", "_count", "_total")):
-                key = s.name + ("" if not s.labels.get("result") else "{" + s.labels["result"] + "}")
+                label = s.labels.get("result") or s.labels.get("type")
+                key = s.name + ("" if not label else "{" + label + "}")
                 out[key] = out.get(key, 0.0) + float(s.value)
     return out
 
@@ -330,7 +334,7 @@ def run_level(
     width = (hi - lo + 1) // procs
     folders, running = [], []
     metrics_url = f"http://{args.host}:{args.http_port}/metrics"
-    before = _scrape(metrics_url)
+    before = scrape(metrics_url)
     t0 = time.monotonic()
     for i, calls in enumerate(_split(n, procs)):
         folder = args.out / f"level_{n}" / f"replay_{i}"
@@ -357,7 +361,7 @@ def run_level(
     t1 = time.monotonic()
     for i in range(procs):
         sampler.others.pop(f"replay_{i}", None)
-    after = _scrape(metrics_url)
+    after = scrape(metrics_url)
     out: dict[str, Any] = {
         "level": n,
         "replay_processes": procs,

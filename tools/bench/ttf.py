@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tools import demo
+from tools.bench.gateway import scrape
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace, work: Path, procs: list[demo.Proc]) -> dict[st
     ], cwd=work, env=demo.project_env(), check=True, timeout=deadline.left("replaying"))  # fmt: skip
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     s = report["summary"]
+    inside = _inside_the_gateway(scrape(f"http://127.0.0.1:{http_port}/metrics", INSIDE_METRICS))
     code = procs[-1].stop(30)
     if code != 0:
         raise demo.DemoError(f"ttg serve exited with {code}:\n{procs[-1].tail()}")
@@ -115,6 +117,37 @@ def run(args: argparse.Namespace, work: Path, procs: list[demo.Proc]) -> dict[st
         "wer": s["wer"],
         "harness_cpu_percent": report["harness"]["cpu_percent"],
         "send_lateness_p99_ms": report["harness"]["send_lateness_ms"]["p99"],
+        "inside_ms": inside,
+    }
+
+
+# Where a final's time goes inside the gateway, from its own histograms (means over the run).
+INSIDE_METRICS = (
+    "ttg_time_to_final_seconds",
+    "ttg_transcript_latency_seconds",
+    "ttg_asr_queue_wait_seconds",
+    "ttg_encoder_step_seconds",
+    "ttg_decoder_step_seconds",
+    "ttg_redis_request_seconds",
+)
+
+
+def _inside_the_gateway(m: dict[str, float]) -> dict[str, float | None]:
+    def mean(name: str, label: str = "") -> float | None:
+        label = "{" + label + "}" if label else ""
+        n = m.get(f"{name}_count{label}", 0.0)
+        return round(1000 * m[f"{name}_sum{label}"] / n, 1) if n else None
+
+    return {
+        # from the push of the media block holding the last speech sample to the final, in the engine
+        "speech_end_to_final": mean("ttg_time_to_final_seconds"),
+        # from the push that completed the chunk (for a VAD final: the flush) to the final event
+        "chunk_to_final": mean("ttg_transcript_latency_seconds", "final"),
+        "chunk_to_partial": mean("ttg_transcript_latency_seconds", "partial"),
+        "queue_wait": mean("ttg_asr_queue_wait_seconds"),
+        "encoder_step": mean("ttg_encoder_step_seconds"),
+        "decoder_step": mean("ttg_decoder_step_seconds"),
+        "redis_request": mean("ttg_redis_request_seconds"),
     }
 
 
@@ -138,6 +171,7 @@ def _line(result: dict[str, Any]) -> str:
         f"({result['without_final']} without a final, {result['finals']} finals); TTF p50 {t['p50']} ms, "
         f"p95 {t['p95']} ms, max {t['max']} ms; first partial p50 {f['p50']} ms, p95 {f['p95']} ms; "
         f"WER {result['wer']}; replay CPU {result['harness_cpu_percent']} %"
+        "\n  inside the gateway (means, ms): " + ", ".join(f"{k} {v}" for k, v in result["inside_ms"].items())
     )
 
 
