@@ -4,12 +4,13 @@
 #
 #   bash tools/device/h200_run.sh engine    # engine process + front-end processes: 500 and 2000 calls
 #   bash tools/device/h200_run.sh gateway   # ttg serve + redis + ttg replay at fixed levels
+#   bash tools/device/h200_run.sh profile 1000   # engine process at N calls: per-thread CPU, py-spy
 #
 # Every phase: MLX + wheels (device_env.sh), the kit's redis-server, a full-size f16 bundle generated
 # into /tmp/full (random weights, calibrated as `ttg make-bundle` does). Results go to $OUT (at most 8
 # files come back): the JSON/markdown summaries, the daemon's log, this script's log.
 set -uo pipefail
-phase=${1:?usage: h200_run.sh engine|gateway [levels]}
+phase=${1:?usage: h200_run.sh engine|gateway|profile [levels]}
 levels=${2:-500,1000,2000}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -65,6 +66,31 @@ gateway)
     --rtp-ports 20000-20999 --replay-rtp-ports 21000-21999 --out /tmp/gw1 > /tmp/gw1.log 2>&1
   tail -3 /tmp/gw1.log
   cp /tmp/gw1/summary.md "$OUT/one_process_summary.md" 2>/dev/null
+  ;;
+profile)
+  # Where the engine process's time goes in steady state: the engine-procs bench at one level, and
+  # while it runs, each thread's CPU (top -H) and py-spy samples (all threads; interpreter-lock holders).
+  python3 -m gateway.cli bench engine-procs --model /tmp/full --calls "$levels" --feeders 8 --seconds 45 \
+    --decoder-mode device --max-batch 512 --json "$OUT/engine.json" > /tmp/bench.log 2>&1 &
+  bench=$!
+  until grep -q "engine ready" /tmp/bench.log 2>/dev/null || ! kill -0 "$bench" 2>/dev/null; do sleep 2; done
+  stamp "engine ready"
+  sleep 25
+  pid=$(pgrep -f "asr_core.host" | head -1)
+  if [ -n "$pid" ]; then
+    top -H -b -n 3 -d 3 -p "$pid" > "$OUT/threads.txt"
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv -l 1 > "$OUT/smi.csv" 2>&1 &
+    smi=$!
+    if command -v py-spy >/dev/null; then
+      py-spy record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/all.raw" --threads --idle > /dev/null 2>&1
+      py-spy record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/gil.raw" --threads --gil > /dev/null 2>&1
+    else
+      echo "py-spy not on this machine"
+    fi
+    kill "$smi"
+  fi
+  wait "$bench"
+  grep -v "falls behind" /tmp/bench.log | tail -c 100000 > "$OUT/bench.log"
   ;;
 esac
 stamp "done"
