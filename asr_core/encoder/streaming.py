@@ -116,6 +116,12 @@ class StreamingEncoder:
         self._pending: list[tuple[int, mx.array, mx.array]] = []  # (pool id, row indices, values)
         self._sub_fns: dict[tuple[bool, bool], Callable[..., tuple[mx.array, ...]]] = {}
         self._stack_fns: dict[tuple[int, bool], Callable[..., tuple[mx.array, ...]]] = {}
+        # After `warmup`: the call shapes it traced. A compiled call on any other shape (a short last
+        # chunk, a lookahead not warmed) would trace anew, and on a GPU compile kernels for seconds
+        # with every stream waiting; such rare calls run uncompiled instead.
+        self._traced: set[tuple[object, ...]] | None = None
+        self._tracing: set[tuple[object, ...]] | None = None
+        self.untraced_calls = 0  # calls that ran uncompiled for want of a warmed shape
         self._sizes: dict[tuple[int, bool], int] = {}  # (lookahead, first) -> mel frames
         self._frames: dict[tuple[int, bool, bool], int] = {}  # (mel frames, first, last) -> T
         D, L, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.conv_kernel_size
@@ -209,7 +215,8 @@ class StreamingEncoder:
             slots = np.zeros(Bp, np.int32)  # padding rows gather the zero row
             slots[:B] = [1 + r.slot for r in group]
             slots_mx = mx.array(slots)
-            x, *stage_rows = self._sub_fn(first, last)(mx.array(mel), slots_mx, *self._pools[2:])
+            sub = self._sub_fn(first, last, ("sub", first, last, Bp, n))
+            x, *stage_rows = sub(mx.array(mel), slots_mx, *self._pools[2:])
             keep = [k for k, r in enumerate(group) if not r.flush]  # flush rows write no cache
             if not last and len(keep) == Bp:
                 self._pending += [(2 + i, slots_mx, row) for i, row in enumerate(stage_rows)]
@@ -234,7 +241,7 @@ class StreamingEncoder:
                 xs.append(mx.zeros((Bp - B, T, self.cfg.hidden_size), dtype=self.dtype))
             x = xs[0] if len(xs) == 1 else mx.concatenate(xs)
             meta = self._stack_meta(group, T, Bp, multi)
-            frames, kv_new, conv_new = self._stack_fn(T, multi)(
+            frames, kv_new, conv_new = self._stack_fn(T, multi, ("stack", T, multi, Bp))(
                 x, self._pools[0], self._pools[1], *meta[:4], *meta[6:]
             )
             if Bp > B:
@@ -369,32 +376,50 @@ class StreamingEncoder:
         return -(-B // 32) * 32
 
     # mx.compile traces a function again for each new input shape (B, chunk length) and keeps them all.
-    def _sub_fn(self, first: bool, last: bool) -> Callable[..., tuple[mx.array, ...]]:
+    def _sub_fn(
+        self, first: bool, last: bool, shape: tuple[object, ...]
+    ) -> Callable[..., tuple[mx.array, ...]]:
+        if not self._compiled_for(shape):
+            return partial(_subsample_step, self.params, first, last)
         key = (first, last)
         fn = self._sub_fns.get(key)
         if fn is None:
-            fn = partial(_subsample_step, self.params, first, last)
-            if self.compiled:
-                fn = mx.compile(fn)
+            fn = mx.compile(partial(_subsample_step, self.params, first, last))
             self._sub_fns[key] = fn
         return fn
 
-    def _stack_fn(self, T: int, multi: bool = False) -> Callable[..., tuple[mx.array, ...]]:
+    def _stack_fn(
+        self, T: int, multi: bool, shape: tuple[object, ...]
+    ) -> Callable[..., tuple[mx.array, ...]]:
+        if not self._compiled_for(shape):
+            return partial(_stack_step, self.params)
         fn = self._stack_fns.get((T, multi))
         if fn is None:
-            fn = partial(_stack_step, self.params)
-            if self.compiled:
-                fn = mx.compile(fn)
+            fn = mx.compile(partial(_stack_step, self.params))
             self._stack_fns[(T, multi)] = fn
         return fn
+
+    def _compiled_for(self, shape: tuple[object, ...]) -> bool:
+        """Whether a call of this shape runs compiled: always when compiling, until `warmup` has run;
+        after it, only on the shapes it traced."""
+        if not self.compiled:
+            return False
+        if self._tracing is not None:
+            self._tracing.add(shape)
+        if self._traced is None or shape in self._traced:
+            return True
+        self.untraced_calls += 1
+        return False
 
     def warmup(self, lookahead: int, max_batch: int) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (first and later chunks,
         and their flushes) so that no live step pays for it; returns the number of buckets. A no-op
-        when not compiled. Short final chunks still trace on first use (one per length and bucket;
-        they are rare)."""
+        when not compiled. From then on, calls of shapes it did not trace (short final chunks: one
+        shape per length and bucket; a lookahead not warmed) run uncompiled rather than trace."""
         if not self.compiled:
             return 0
+        self._tracing = set() if self._traced is None else set(self._traced)
+        self._traced = None
         buckets = sorted({self._bucket(b) for b in range(1, max_batch + 1)})
         n_mels = self.cfg.n_mels
         # A flush is the next chunk and one more, where the position tables reach (model.py).
@@ -410,6 +435,7 @@ class StreamingEncoder:
             finally:
                 for s in slots:
                     self.release(s)
+        self._traced, self._tracing = self._tracing, None
         return len(buckets)
 
     # ---------------------------------------------------------------------------------------------

@@ -207,3 +207,19 @@ def test_warmup_traces_every_batch_bucket_and_leaves_the_pool_empty(bundle: Bund
     assert make(bundle).warmup(3, 5) == 0  # eager: nothing to trace
     mel = np.random.default_rng(2).standard_normal((100, 128), dtype=np.float32)
     np.testing.assert_allclose(solo(enc, mel, 3, 0), solo(make(bundle), mel, 3, 0), atol=TOL, rtol=0)
+
+
+def test_after_warmup_a_shape_it_did_not_trace_runs_uncompiled_with_the_same_frames(bundle: Bundle) -> None:
+    """A short last chunk has a shape of its own (one per length and bucket): traced live it would
+    stall every stream while a GPU compiles kernels for it."""
+    enc = make(bundle, compile=True)
+    enc.warmup(3, 4)
+    mel = np.random.default_rng(3).standard_normal((100, 128), dtype=np.float32)
+    chunks = split(mel, 3)
+    assert len(chunks[-1][0]) < chunk_frames(3)  # the last chunk is short
+    frames = solo(enc, mel, 3, 0)
+    assert enc.untraced_calls == 2  # the last chunk's subsampling and its layer stack; nothing else
+    np.testing.assert_allclose(frames, solo(make(bundle), mel, 3, 0), atol=TOL, rtol=0)
+    cold = make(bundle, compile=True)
+    solo(cold, mel, 3, 0)
+    assert cold.untraced_calls == 0  # without a warmup every shape is traced as it comes
