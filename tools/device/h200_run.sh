@@ -47,7 +47,7 @@ gateway)
   python3 -m gateway.cli bench gateway --levels "$levels" --call-seconds "${CALL_SECONDS:-20}" --cps 100 \
     --calls-per-replay 700 --audio "$KIT_AUDIO" --redis-server "$KIT_REDIS" \
     --env TTG_MODEL__DIR=/tmp/full --env TTG_MODEL__PRECISION=f16 --env TTG_DECODER__MODE=device \
-    --env TTG_ENCODER__MAX_BATCH=512 --sip-port 5060 --http-port 9108 --redis-port 6379 \
+    --env TTG_ENCODER__MAX_BATCH="${MAX_BATCH:-512}" --sip-port 5060 --http-port 9108 --redis-port 6379 \
     --rtp-ports 20000-29999 --replay-rtp-ports 30000-49999 --out /tmp/gw ${GATEWAY_ARGS:-} &
   bench=$!
   while kill -0 "$bench" 2>/dev/null; do
