@@ -23,6 +23,14 @@ def make_scheduler(**kw: object) -> EncoderScheduler[str]:
     return EncoderScheduler(SchedulerConfig(**cfg))  # type: ignore[arg-type]
 
 
+def with_streams(*stream_keys: int, **kw: object) -> EncoderScheduler[str]:
+    """A scheduler (make_scheduler's settings, `kw` on top) with these streams added, lookahead 3."""
+    s = make_scheduler(**kw)
+    for k in stream_keys:
+        s.add_stream(k, prompt_id=0, lookahead=3)
+    return s
+
+
 def fake_frames(plan: StepPlan[str], j: int = 3) -> list[np.ndarray]:
     """One (T, J) array per row; T = r+1 would do, the scheduler does not look inside."""
     return [np.full((4, j), row.seq, np.float32) for row in plan.rows]
@@ -55,9 +63,7 @@ def test_single_stream_steps_at_once_since_waiting_cannot_grow_the_batch() -> No
 
 
 def test_partial_batch_waits_max_wait_for_other_streams() -> None:
-    s = make_scheduler(max_wait_ms=10.0)
-    for k in (1, 2, 3):
-        s.add_stream(k, prompt_id=0, lookahead=3)
+    s = with_streams(1, 2, 3, max_wait_ms=10.0)
     s.push_chunk(1, "a", now=1.000)
     s.push_chunk(2, "b", now=1.004)
     assert s.schedule(1.005) is None
@@ -67,9 +73,7 @@ def test_partial_batch_waits_max_wait_for_other_streams() -> None:
 
 
 def test_full_batch_steps_without_waiting() -> None:
-    s = make_scheduler(max_batch=2)
-    for k in (1, 2, 3):
-        s.add_stream(k, prompt_id=0, lookahead=3)
+    s = with_streams(1, 2, 3, max_batch=2)
     s.push_chunk(1, "a", now=0.0)
     s.push_chunk(2, "b", now=0.001)
     assert s.next_deadline() == 0.0
@@ -78,9 +82,7 @@ def test_full_batch_steps_without_waiting() -> None:
 
 
 def test_rows_are_oldest_first_and_overflow_goes_first_next_step() -> None:
-    s = make_scheduler(max_batch=2)
-    for k in (1, 2, 3):
-        s.add_stream(k, prompt_id=0, lookahead=3)
+    s = with_streams(1, 2, 3, max_batch=2)
     s.push_chunk(3, "c", now=0.0)
     s.push_chunk(1, "a", now=0.1)
     s.push_chunk(2, "b", now=0.2)
@@ -452,9 +454,7 @@ def test_on_a_cpu_the_adaptive_wait_stays_short() -> None:
 def test_a_flush_steps_at_once_with_whatever_else_is_ready() -> None:
     """The caller stopped speaking and waits for the final: waiting for a fuller batch would add the
     wait to the time to final."""
-    s = make_scheduler(max_wait_ms=50.0)
-    for k in (1, 2, 3):
-        s.add_stream(k, prompt_id=0, lookahead=3)
+    s = with_streams(1, 2, 3, max_wait_ms=50.0)
     s.push_chunk(1, "a", now=1.000)
     assert s.next_deadline() == pytest.approx(1.050)
     s.push_chunk(2, "flush", now=1.010, flush=True)
@@ -466,9 +466,7 @@ def test_a_flush_steps_at_once_with_whatever_else_is_ready() -> None:
 
 
 def test_a_flush_behind_a_chunk_in_flight_steps_as_soon_as_the_stream_is_ready_again() -> None:
-    s = make_scheduler(max_wait_ms=50.0)
-    for k in (1, 2, 3):
-        s.add_stream(k, prompt_id=0, lookahead=3)
+    s = with_streams(1, 2, 3, max_wait_ms=50.0)
     s.push_chunk(1, "a", now=1.000)
     s.push_chunk(2, "b", now=1.000)
     plan = s.schedule(1.050)
@@ -485,9 +483,7 @@ def test_a_flush_behind_a_chunk_in_flight_steps_as_soon_as_the_stream_is_ready_a
 
 
 def test_without_a_flush_the_batching_wait_is_unchanged() -> None:
-    s = make_scheduler(max_wait_ms=50.0)
-    for k in (1, 2, 3):
-        s.add_stream(k, prompt_id=0, lookahead=3)
+    s = with_streams(1, 2, 3, max_wait_ms=50.0)
     s.push_chunk(1, "flush", now=1.000, flush=True)
     run(s, 1.000)
     s.push_chunk(2, "b", now=1.010)
