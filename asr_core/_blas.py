@@ -62,23 +62,30 @@ def openblas_path() -> str | None:
     return _loaded
 
 
-@contextlib.contextmanager
-def openblas_threads(n: int) -> Iterator[None]:
-    """Run the preloaded OpenBLAS (MLX's CPU matmuls) on `n` threads inside the block. Its results
-    depend on the thread count (the work is split, and summed, differently), so a computation that must
-    give the same bytes on every run of a machine pins it. A no-op where no OpenBLAS was preloaded."""
+def set_openblas_threads(n: int) -> int | None:
+    """Run the preloaded OpenBLAS (MLX's CPU matmuls) on `n` threads from now on; returns the count it
+    had, or None where no OpenBLAS was preloaded (nothing changes)."""
     lib = ctypes.CDLL(_loaded) if _loaded is not None else None
     get = getattr(lib, "openblas_get_num_threads", None)
     set_ = getattr(lib, "openblas_set_num_threads", None)
     if get is None or set_ is None:
-        yield
-        return
+        return None
     before = int(get())
     set_(ctypes.c_int(n))
+    return before
+
+
+@contextlib.contextmanager
+def openblas_threads(n: int) -> Iterator[None]:
+    """Run the preloaded OpenBLAS on `n` threads inside the block. Its results depend on the thread
+    count (the work is split, and summed, differently), so a computation that must give the same bytes
+    on every run of a machine pins it. A no-op where no OpenBLAS was preloaded."""
+    before = set_openblas_threads(n)
     try:
         yield
     finally:
-        set_(ctypes.c_int(before))
+        if before is not None:
+            set_openblas_threads(before)
 
 
 def configure_cpu_blas(*, torch: bool = False, mlx: bool = True) -> str | None:

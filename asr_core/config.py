@@ -122,6 +122,10 @@ class EngineConfig:
     # StreamOptions.language "" / lookahead None fall back to these (None = the bundle's default).
     default_language: str = "auto"
     default_lookahead: int | None = None
+    # Threads of the MLX CPU backend's matmuls (the preloaded OpenBLAS), set when the engine starts on
+    # a CPU; None leaves them as the process has them. A step's matmuls are small (a few rows per
+    # call), so more threads mostly spin on cores that the calls' audio and signalling need.
+    cpu_threads: int | None = None
 
 
 def engine_config_to_json(config: EngineConfig) -> dict[str, Any]:

@@ -65,7 +65,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from asr_core._blas import limit_numpy_blas_threads
+from asr_core._blas import limit_numpy_blas_threads, set_openblas_threads
 from asr_core.api import SAMPLE_RATE_HZ, AsrEvent, EventCallback, StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import EngineConfig
 from asr_core.errors import EngineStoppedError, StreamClosedError
@@ -184,6 +184,8 @@ class AsrEngine:
         if self._mlx_thread is not None:
             raise RuntimeError("engine already started")
         limit_numpy_blas_threads()  # the streams' front ends: small matmuls, one thread each (see _blas)
+        if self.config.cpu_threads is not None:
+            set_openblas_threads(self.config.cpu_threads)  # the encoder's matmuls on a CPU
         mode = self.config.decoder.mode
         for i in range(self.config.decoder.workers):
             dec: StreamDecoder | BatchDecoder | None = None

@@ -79,6 +79,12 @@ class EncoderSettings(BaseModel):
     max_queued_chunks: int = Field(
         16, ge=2, description="Chunks a call may queue for the encoder; beyond it the oldest is dropped"
     )
+    cpu_threads: int = Field(
+        1,
+        ge=1,
+        description="Threads of the encoder's matmuls on a CPU (OpenBLAS); more shorten one step but spin "
+        "on the cores the calls need",
+    )
 
 
 class DecoderSettings(BaseModel):

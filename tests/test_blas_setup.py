@@ -129,3 +129,33 @@ print(tuple((q @ k).shape), (a @ a).shape)
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == ["(1,", "8,", "50,", "100)", "(64,", "64)"]
+
+
+@peers.linux_only
+def test_the_engine_runs_the_encoders_cpu_matmuls_on_the_threads_its_config_names() -> None:
+    """TTG_ENCODER__CPU_THREADS (default 1): a step's matmuls are a few rows per call, and OpenBLAS's
+    other threads would spin on the cores that the calls' audio and signalling need."""
+    code = """
+import json
+from asr_core import configure_cpu_blas
+configure_cpu_blas()
+from threadpoolctl import threadpool_info
+from asr_core.config import EngineConfig
+from asr_core.engine import AsrEngine
+from asr_core.model import AsrModel, embedded_model_dir
+
+def threads():
+    return [lib["num_threads"] for lib in threadpool_info() if "openblas-pthread" in lib["filepath"]]
+
+before = threads()
+with AsrEngine(AsrModel.load(embedded_model_dir(), "f32"), EngineConfig(cpu_threads=1)):
+    during = threads()
+print(json.dumps([before, during]))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTG_")}
+    env["OPENBLAS_NUM_THREADS"] = "2"
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.splitlines()[-1]) == [[2], [1]]

@@ -177,7 +177,10 @@ def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.Mo
     monkeypatch.setenv("TTG_ASR__VAD_WEBRTC_MODE", "1")
     monkeypatch.setenv("TTG_ASR__ENDPOINT_ENERGY_DB", "-50")
     monkeypatch.setenv("TTG_ASR__WORDS", "all")
+    monkeypatch.setenv("TTG_ENCODER__CPU_THREADS", "3")
+    assert defaults.cpu_threads == 1  # a deployment runs the CPU encoder's matmuls on one thread
     cfg = engine_config(Settings())
+    assert cfg.cpu_threads == 3
     assert (cfg.decoder.mode, cfg.decoder.workers) == ("workers", 5)
     assert (cfg.scheduler.max_batch, cfg.scheduler.max_queued_chunks) == (128, 8)
     assert cfg.scheduler.max_undecoded_chunks == 3
