@@ -98,7 +98,7 @@ def run(args: argparse.Namespace, work: Path, procs: list[demo.Proc]) -> dict[st
     ], cwd=work, env=demo.project_env(), check=True, timeout=deadline.left("replaying"))  # fmt: skip
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     s = report["summary"]
-    inside = _inside_the_gateway(scrape(f"http://127.0.0.1:{http_port}/metrics", INSIDE_METRICS))
+    inside = inside_the_gateway(scrape(f"http://127.0.0.1:{http_port}/metrics", INSIDE_METRICS))
     code = procs[-1].stop(30)
     if code != 0:
         raise demo.DemoError(f"ttg serve exited with {code}:\n{procs[-1].tail()}")
@@ -132,7 +132,7 @@ INSIDE_METRICS = (
 )
 
 
-def _inside_the_gateway(m: dict[str, float]) -> dict[str, float | None]:
+def inside_the_gateway(m: dict[str, float]) -> dict[str, float | None]:
     def mean(name: str, label: str = "") -> float | None:
         label = "{" + label + "}" if label else ""
         n = m.get(f"{name}_count{label}", 0.0)
