@@ -74,7 +74,7 @@ profile)
     --decoder-mode device --max-batch 512 --json "$OUT/engine.json" > /tmp/bench.log 2>&1 &
   bench=$!
   until grep -q "engine ready" /tmp/bench.log 2>/dev/null || ! kill -0 "$bench" 2>/dev/null; do sleep 2; done
-  stamp "engine ready"
+  grep -q "engine ready" /tmp/bench.log && stamp "engine ready" || stamp "the bench ended before the engine was ready"
   sleep 25
   pid=$(pgrep -f "asr_core.host" | head -1)
   if [ -n "$pid" ]; then
