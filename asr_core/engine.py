@@ -84,6 +84,7 @@ from asr_core.transcript import Token, TranscriptAssembler
 logger = logging.getLogger(__name__)
 
 _LAG_SAMPLES = 512  # chunk lags kept per stream for its end-of-stream stats (most recent)
+_STEP_REPORT_S = 30.0  # how often the MLX thread logs where its steps' time went
 
 
 # -- messages to decoder workers ---------------------------------------------------------------
@@ -170,6 +171,7 @@ class AsrEngine:
         self._device: DeviceDecoderBackend | None = None  # decoder mode "device": the MLX thread's too
         self._device_slots: dict[int, int] = {}  # MLX thread only
         self._device_next: dict[int, int] = {}  # MLX thread only: first frame not decoded, per stream
+        self._report = _StepReport(time.perf_counter() + _STEP_REPORT_S)  # MLX thread only
         self._ready = threading.Event()
         self._route: dict[int, int] = {}  # stream key -> its worker, until its _Done is sent
         self._workers: list[_DecoderWorker] = []
@@ -420,6 +422,8 @@ class AsrEngine:
         except BaseException as e:  # any failure here is fatal, reported loudly
             self._fail(e)
         finally:
+            if self._encoder is not None:
+                self._report.log(time.perf_counter(), self._encoder)
             self._release_device()
 
     def _release_device(self) -> None:
@@ -467,6 +471,9 @@ class AsrEngine:
             chunks = self._sched.update_from_output(plan, frames, self._clock())
             owners = [self._route[c.key] for c in chunks]
         self.hooks.encoder_step(seconds, len(rows), [r.queue_wait_s for r in plan.rows])
+        self._report.rows += len(rows)
+        if t0 >= self._report.due:
+            self._report.log(t0, encoder)
         items: list[Any] = list(chunks)
         if device is not None and chunks:
             items = self._decode_on_device(device, chunks)
@@ -521,6 +528,34 @@ class AsrEngine:
                 self._on_fatal(error)
             except Exception:
                 logger.exception("on_fatal callback failed")
+
+
+@dataclass(slots=True)
+class _StepReport:
+    """The MLX thread's periodic log line: steps, rows and compiled calls per step, and where a step's
+    wall time went (the encoder's own running totals, differenced over the period)."""
+
+    due: float
+    rows: int = 0
+    last: dict[str, float] = field(default_factory=dict)
+    since: float = field(default_factory=time.perf_counter)
+
+    def log(self, now: float, encoder: EncoderBackend) -> None:
+        self.due = now + _STEP_REPORT_S
+        stats = getattr(encoder, "stats", None)
+        totals: dict[str, float] = stats() if stats is not None else {}
+        d = {k: v - self.last.get(k, 0.0) for k, v in totals.items()}
+        steps = d.get("step", 0.0)
+        if steps:
+            logger.info(
+                "encoder: %d steps in %.0f s, %.1f rows/step; calls/step: %.2f subsampling, %.2f stack, "
+                "%.2f untraced; ms/step: build %.1f, eval %.1f, copy %.1f",
+                steps, now - self.since, self.rows / steps, d.get("sub", 0.0) / steps,
+                d.get("stack", 0.0) / steps, d.get("untraced", 0.0) / steps,
+                1e3 * d.get("build_s", 0.0) / steps, 1e3 * d.get("eval_s", 0.0) / steps,
+                1e3 * d.get("copy_s", 0.0) / steps,
+            )  # fmt: skip
+        self.last, self.rows, self.since = totals, 0, now
 
 
 class _StreamHandle:

@@ -290,6 +290,11 @@ class _EncoderAdapter:
             self._encoder.step([self._row(slot, mel, last, flush) for slot, mel, last, flush in rows])
         )
 
+    def stats(self) -> dict[str, float]:
+        """Running totals since warm-up: steps, compiled-function calls, seconds per phase of a step."""
+        enc = self._encoder
+        return {**enc.calls, **{f"{k}_s": v for k, v in enc.seconds.items()}}
+
     def warmup(self, lookahead: int, max_batch: int) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (GPU; else a no-op)."""
         return int(self._encoder.warmup(lookahead, max_batch))

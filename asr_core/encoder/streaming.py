@@ -14,10 +14,11 @@ Row 0 of every pool is zeros and is never written: a fresh stream gathers it for
 frame yet (they are masked anyway; zeros keep them finite).
 
 `step(rows)` groups rows by subsampling shape (mel frames, first, last), runs the conformer stack
-once per output length T (rows of different lookaheads, languages, first/later chunks share it),
-and evaluates everything with one `mx.eval`. The pool writes of a step are applied lazily at the
-start of the next one: an MLX scatter can reuse the pool's buffer in place only when no gather of
-the same graph still references it, and deferring the writes guarantees exactly that.
+once per padded length T (rows of different lookaheads, languages, first/later chunks and short last
+chunks share it; a flush of two chunks has its own), and evaluates everything with one `mx.eval`.
+The pool writes of a step are applied lazily at the start of the next one: an MLX scatter can reuse
+the pool's buffer in place only when no gather of the same graph still references it, and deferring
+the writes guarantees exactly that.
 
 Not thread-safe: one thread owns the encoder (the engine's MLX thread).
 """
@@ -25,6 +26,7 @@ Not thread-safe: one thread owns the encoder (the engine's MLX thread).
 from __future__ import annotations
 
 import heapq
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -115,13 +117,19 @@ class StreamingEncoder:
         self._capacity = 0
         self._pending: list[tuple[int, mx.array, mx.array]] = []  # (pool id, row indices, values)
         self._sub_fns: dict[tuple[bool, bool], Callable[..., tuple[mx.array, ...]]] = {}
-        self._stack_fns: dict[tuple[int, bool], Callable[..., tuple[mx.array, ...]]] = {}
+        self._stack_fns: dict[int, Callable[..., tuple[mx.array, ...]]] = {}
         # After `warmup`: the call shapes it traced. A compiled call on any other shape (a short last
         # chunk, a lookahead not warmed) would trace anew, and on a GPU compile kernels for seconds
         # with every stream waiting; such rare calls run uncompiled instead.
         self._traced: set[tuple[object, ...]] | None = None
         self._tracing: set[tuple[object, ...]] | None = None
-        self.untraced_calls = 0  # calls that ran uncompiled for want of a warmed shape
+        # Steps and the compiled-function calls they made: "sub", "stack", and "untraced" (calls that
+        # ran uncompiled for want of a warmed shape). Read by the engine's summary.
+        self.calls: Counter[str] = Counter()
+        # Where the steps' wall time went: "build" (planning and the calls that build the lazy graph,
+        # on this thread under the interpreter lock), "eval" (the one `mx.eval`: the kernels' launch
+        # and run; the lock is released), "copy" (frames to the host).
+        self.seconds = dict.fromkeys(("build", "eval", "copy"), 0.0)
         self._sizes: dict[tuple[int, bool], int] = {}  # (lookahead, first) -> mel frames
         self._frames: dict[tuple[int, bool, bool], int] = {}  # (mel frames, first, last) -> T
         D, L, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.conv_kernel_size
@@ -196,15 +204,21 @@ class StreamingEncoder:
         the chunk with `is_last` may be shorter (even empty) and ends the stream. `dot_path` writes
         the step's lazy graph (what one `mx.eval` runs) in DOT format, for counting kernels.
         """
+        t0 = time.perf_counter()
         planned = self._plan(rows)
         self._flush_pending()
+        self.calls["step"] += 1
         outputs: list[np.ndarray | None] = [None] * len(rows)
         J = self.cfg.output_size
         for r in planned:
             if r.T == 0:
                 outputs[r.index] = np.zeros((0, J), dtype=np.float32)
 
-        by_t: dict[tuple[int, bool], list[tuple[list[_Row], mx.array]]] = {}
+        # Stack calls by padded length: a row's own chunk length, or more for a flush of several
+        # chunks. A short last chunk rides in its stream's regular call, padded behind its frames and
+        # masked (`_stack_meta`), so a step makes one stack call per length instead of one per length
+        # of last chunk; the causal convolution never reads the padding, and no query sees it.
+        by_t: dict[int, list[tuple[list[_Row], mx.array]]] = {}
         for key, group in _group(planned, lambda r: (r.mel.shape[0], r.first, r.last)).items():
             n, first, last = key
             if n == 0:
@@ -217,6 +231,7 @@ class StreamingEncoder:
             slots_mx = mx.array(slots)
             sub = self._sub_fn(first, last, ("sub", first, last, Bp, n))
             x, *stage_rows = sub(mx.array(mel), slots_mx, *self._pools[2:])
+            self.calls["sub"] += 1
             keep = [k for k, r in enumerate(group) if not r.flush]  # flush rows write no cache
             if not last and len(keep) == Bp:
                 self._pending += [(2 + i, slots_mx, row) for i, row in enumerate(stage_rows)]
@@ -226,29 +241,32 @@ class StreamingEncoder:
                     (2 + i, slots_mx[idx], mx.take(row, idx, axis=0)) for i, row in enumerate(stage_rows)
                 ]
             xb = x[:B] if Bp > B else x
-            for multi in (False, True):  # rows of several chunks (flush padding) get their own mask
-                part = [k for k, r in enumerate(group) if (r.stream.lookahead + 1 < r.T) is multi]
-                if part:
-                    rows_x = xb if len(part) == B else mx.take(xb, mx.array(part, dtype=mx.int32), axis=0)
-                    by_t.setdefault((group[0].T, multi), []).append(([group[k] for k in part], rows_x))
+            for T_pad in sorted({_padded_length(r) for r in group}):
+                part = [k for k, r in enumerate(group) if _padded_length(r) == T_pad]
+                rows_x = xb if len(part) == B else mx.take(xb, mx.array(part, dtype=mx.int32), axis=0)
+                if T_pad > group[0].T:
+                    rows_x = mx.pad(rows_x, [(0, 0), (0, T_pad - group[0].T), (0, 0)])
+                by_t.setdefault(T_pad, []).append(([group[k] for k in part], rows_x))
 
         results: list[tuple[list[_Row], mx.array]] = []
-        for (T, multi), parts in by_t.items():
+        for T, parts in by_t.items():
             group = [r for g, _ in parts for r in g]
             B, Bp = len(group), self._bucket(len(group))
             xs = [xp for _, xp in parts]
             if Bp > B:
                 xs.append(mx.zeros((Bp - B, T, self.cfg.hidden_size), dtype=self.dtype))
             x = xs[0] if len(xs) == 1 else mx.concatenate(xs)
-            meta = self._stack_meta(group, T, Bp, multi)
-            frames, kv_new, conv_new = self._stack_fn(T, multi, ("stack", T, multi, Bp))(
-                x, self._pools[0], self._pools[1], *meta[:4], *meta[6:]
+            meta = self._stack_meta(group, T, Bp)
+            frames, kv_new, conv_new = self._stack_fn(T, ("stack", T, Bp))(
+                x, self._pools[0], self._pools[1], *meta[:4], meta[6]
             )
+            self.calls["stack"] += 1
             if Bp > B:
                 frames, kv_new, conv_new = frames[:B], kv_new[:, :B], conv_new[:, :B]
-            keep = [k for k, r in enumerate(group) if not r.flush]
+            # Flush rows write no cache; a last chunk's are never read again (its slot is released).
+            keep = [k for k, r in enumerate(group) if not (r.flush or r.last)]
             if keep:
-                if len(keep) < B:  # flush rows write no cache
+                if len(keep) < B:
                     idx = mx.array(keep, dtype=mx.int32)
                     kv_new, conv_new = mx.take(kv_new, idx, axis=1), mx.take(conv_new, idx, axis=1)
                 self._pending.append((0, meta[4], kv_new.flatten(1, 2)))
@@ -257,11 +275,16 @@ class StreamingEncoder:
 
         if dot_path is not None:
             mx.export_to_dot(dot_path, *[f for _, f in results], *self._pools)
+        t1 = time.perf_counter()
         mx.eval([f for _, f in results], self._pools)
+        t2 = time.perf_counter()
         for group, frames in results:
             host = np.array(frames)
             for k, r in enumerate(group):
-                outputs[r.index] = host[k]
+                outputs[r.index] = host[k, : r.T]
+        t3 = time.perf_counter()
+        for phase, dt in (("build", t1 - t0), ("eval", t2 - t1), ("copy", t3 - t2)):
+            self.seconds[phase] += dt
         for r in planned:
             if r.flush:
                 continue
@@ -318,20 +341,25 @@ class StreamingEncoder:
             T = self._frames[(n, first, last)] = encoder_frames(n, first, last, stages) if n else 0
         return T
 
-    def _stack_meta(self, group: list[_Row], T: int, padded: int, multi: bool = False) -> list[mx.array]:
-        """Per-row indices of one stack call (gathers, valid counts, prompts; `padded` rows, the
-        padding reading only the zero row), then the write indices of the real committing rows."""
+    def _stack_meta(self, group: list[_Row], T: int, padded: int) -> list[mx.array]:
+        """Per-row indices of one stack call of T frames per row (gathers, per-query valid cache
+        counts, prompts; `padded` rows, the padding reading only the zero row), the write indices of
+        the committing rows, then per-query counts of the new frames each query sees.
+
+        A row holds one chunk, a short last chunk padded to T, or (a flush) several chunks: query i
+        sits in chunk i // chunk and sees, as chunk by chunk (chunked_limited), the cached frames that
+        chunk's left context reaches and the new frames up to its chunk's end or the row's last real
+        frame, whichever comes first. So no real query sees a padding frame."""
         Lc, B = self._Lc, len(group)
         slot = np.fromiter((r.slot for r in group), np.int64, B)
         a0 = np.fromiter((r.stream.frames for r in group), np.int64, B)  # frames written so far
         chunk = np.fromiter((r.stream.lookahead + 1 for r in group), np.int64, B)
+        real = np.fromiter((r.T for r in group), np.int64, B)
         first = np.fromiter((r.first for r in group), bool, B)
-        # chunked_limited: a query sees whole chunks, Lc // chunk of them to the left.
-        valid = np.zeros(padded, np.int32)
-        valid[:B] = np.minimum(a0, (Lc // chunk) * chunk)
+        reach = (Lc // chunk) * chunk  # chunked_limited: Lc // chunk whole chunks to the left
         j = np.arange(Lc)
         ring = 1 + slot[:, None] * Lc
-        held = j[None, :] >= (Lc - valid[:B])[:, None]
+        held = j[None, :] >= (Lc - np.minimum(a0, reach))[:, None]
         # Frame a of a slot lives in ring row a % Lc; unheld slots read the zero row.
         kv_idx = np.zeros((padded, Lc), np.int32)
         kv_idx[:B] = np.where(held, ring + (a0[:, None] - Lc + j[None, :]) % Lc, 0)
@@ -339,30 +367,23 @@ class StreamingEncoder:
         conv_idx[:B] = np.where(first, 0, 1 + slot)
         prompt = np.zeros(padded, np.int32)
         prompt[:B] = np.fromiter((r.stream.prompt_id for r in group), np.int32, B)
+        ci = np.arange(T)[None, :] // chunk[:, None]
+        start = a0[:, None] + ci * chunk[:, None]
+        valid = np.zeros((padded, T), np.int32)
+        valid[:B] = np.clip(a0[:, None] - np.maximum(0, start - reach[:, None]), 0, Lc)
+        seen = np.full((padded, T), T, np.int32)
+        seen[:B] = np.minimum((ci + 1) * chunk[:, None], real[:, None])
         kv_write = ring + (a0[:, None] + np.arange(T)[None, :]) % Lc
-        commit = np.fromiter((not r.flush for r in group), bool, B)  # flush rows write nothing
+        commit = np.fromiter((not (r.flush or r.last) for r in group), bool, B)
         kv_write, slot = kv_write[commit], slot[commit]
-        extra: list[mx.array] = []
-        valid_q = valid
-        if multi:
-            # Query i sits in chunk i // chunk: it sees the new frames up to its chunk's end and the
-            # cached frames its chunk's left context reaches (chunked_limited, as chunk by chunk).
-            ci = np.arange(T)[None, :] // chunk[:, None]
-            start = a0[:, None] + ci * chunk[:, None]
-            lo = np.maximum(0, start - (Lc // chunk)[:, None] * chunk[:, None])
-            valid_q = np.zeros((padded, T), np.int32)
-            valid_q[:B] = np.clip(a0[:, None] - lo, 0, Lc)
-            seen = np.full((padded, T), T, np.int32)
-            seen[:B] = (ci + 1) * chunk[:, None]
-            extra = [mx.array(seen)]
         return [
             mx.array(kv_idx),
             mx.array(conv_idx),
-            mx.array(valid_q if multi else valid),
+            mx.array(valid),
             mx.array(prompt),
             mx.array(kv_write.reshape(-1).astype(np.int32)),
             mx.array((1 + slot).astype(np.int32)),
-            *extra,
+            mx.array(seen),
         ]
 
     def _bucket(self, B: int) -> int:
@@ -388,15 +409,13 @@ class StreamingEncoder:
             self._sub_fns[key] = fn
         return fn
 
-    def _stack_fn(
-        self, T: int, multi: bool, shape: tuple[object, ...]
-    ) -> Callable[..., tuple[mx.array, ...]]:
+    def _stack_fn(self, T: int, shape: tuple[object, ...]) -> Callable[..., tuple[mx.array, ...]]:
         if not self._compiled_for(shape):
             return partial(_stack_step, self.params)
-        fn = self._stack_fns.get((T, multi))
+        fn = self._stack_fns.get(T)
         if fn is None:
             fn = mx.compile(partial(_stack_step, self.params))
-            self._stack_fns[(T, multi)] = fn
+            self._stack_fns[T] = fn
         return fn
 
     def _compiled_for(self, shape: tuple[object, ...]) -> bool:
@@ -408,7 +427,7 @@ class StreamingEncoder:
             self._tracing.add(shape)
         if self._traced is None or shape in self._traced:
             return True
-        self.untraced_calls += 1
+        self.calls["untraced"] += 1
         return False
 
     def warmup(self, lookahead: int, max_batch: int) -> int:
@@ -436,6 +455,8 @@ class StreamingEncoder:
                 for s in slots:
                     self.release(s)
         self._traced, self._tracing = self._tracing, None
+        self.calls.clear()
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
         return len(buckets)
 
     # ---------------------------------------------------------------------------------------------
@@ -468,7 +489,7 @@ def _stack_step(
     conv_idx: mx.array,
     valid: mx.array,
     prompt: mx.array,
-    seen: mx.array | None = None,
+    seen: mx.array,
 ) -> tuple[mx.array, mx.array, mx.array]:
     kv_cache = _take_rows(kv_pool, kv_idx)  # (layers, B, Lc, 2D), oldest first
     conv_cache = _take_rows(conv_pool, conv_idx)  # (layers, B, K-1, D)
@@ -492,3 +513,8 @@ def _group(
     for r in rows:
         groups.setdefault(key(r), []).append(r)
     return groups
+
+
+def _padded_length(r: _Row) -> int:
+    """Frames per row of the stack call that runs `r`: its chunk's, or a flush's several chunks'."""
+    return max(r.T, r.stream.lookahead + 1)

@@ -210,16 +210,38 @@ def test_warmup_traces_every_batch_bucket_and_leaves_the_pool_empty(bundle: Bund
 
 
 def test_after_warmup_a_shape_it_did_not_trace_runs_uncompiled_with_the_same_frames(bundle: Bundle) -> None:
-    """A short last chunk has a shape of its own (one per length and bucket): traced live it would
-    stall every stream while a GPU compiles kernels for it."""
+    """A short last chunk's subsampling has a shape of its own (one per length and bucket): traced live
+    it would stall every stream while a GPU compiles kernels for it. Its layer stack does not: the
+    chunk is padded into the regular call."""
     enc = make(bundle, compile=True)
     enc.warmup(3, 4)
     mel = np.random.default_rng(3).standard_normal((100, 128), dtype=np.float32)
     chunks = split(mel, 3)
     assert len(chunks[-1][0]) < chunk_frames(3)  # the last chunk is short
     frames = solo(enc, mel, 3, 0)
-    assert enc.untraced_calls == 2  # the last chunk's subsampling and its layer stack; nothing else
+    assert enc.calls["untraced"] == 1  # the last chunk's subsampling; nothing else
     np.testing.assert_allclose(frames, solo(make(bundle), mel, 3, 0), atol=TOL, rtol=0)
     cold = make(bundle, compile=True)
     solo(cold, mel, 3, 0)
-    assert cold.untraced_calls == 0  # without a warmup every shape is traced as it comes
+    assert cold.calls["untraced"] == 0  # without a warmup every shape is traced as it comes
+
+
+def test_short_last_chunks_share_the_regular_stack_call_with_the_same_frames(bundle: Bundle) -> None:
+    """One stack call per step for chunks of one lookahead, whatever their last chunks' lengths: each
+    kind of call costs a GPU the launches of the whole stack, so a step must not make one per length."""
+    rng = np.random.default_rng(5)
+    mels = [rng.standard_normal((n, 128), dtype=np.float32) for n in (89, 70, 75, 57)]
+    enc, reference = make(bundle), make(bundle)
+    slots = [enc.alloc(0, 3) for _ in mels]
+    chunks = [split(m, 3) for m in mels]  # first (25 mel frames), later (32), then each its own tail
+    outs: list[list[np.ndarray]] = [[] for _ in mels]
+    for k in range(3):
+        rows = [(i, *chunks[i][k]) for i in range(len(mels)) if k < len(chunks[i])]
+        before = enc.calls["stack"]
+        got = enc.step([ChunkInput(slots[i], c, last) for i, c, last in rows])
+        assert enc.calls["stack"] - before == 1
+        for (i, _, _), frames in zip(rows, got, strict=True):
+            outs[i].append(frames)
+    assert {len(c[-1][0]) for c in chunks[:3]} == {32, 13, 18}  # tails of three lengths, one full
+    for mel, out in zip(mels, outs, strict=True):
+        np.testing.assert_allclose(np.concatenate(out), solo(reference, mel, 3, 0), atol=TOL, rtol=0)

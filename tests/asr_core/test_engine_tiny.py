@@ -292,3 +292,19 @@ def test_finals_come_at_the_pauses_of_spoken_audio(tiny_model: AsrModel, tmp_pat
         assert evs[-1].kind == "final"
         for a, b in itertools.pairwise(evs):
             assert b.text.startswith(a.text)
+
+
+def test_the_mlx_thread_reports_where_its_steps_went(
+    tiny_model: AsrModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At the latest when it stops, the MLX thread logs its steps, rows per step, compiled calls per
+    step and the step's phases: what an operator reads to tell a launch-bound step from a busy one."""
+    hooks = CountingHooks()
+    with caplog.at_level("INFO", logger="asr_core.engine"):
+        with AsrEngine(tiny_model, config(), hooks) as eng:
+            run_solo(eng, synthetic_call(2.0, seed=7), StreamOptions(language="en-US"))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("encoder: ")]
+    steps, rows = zip(*(map(float, (m.split()[1], m.split(", ")[1].split()[0])) for m in lines), strict=True)
+    assert sum(steps) == len(hooks.batches)
+    assert sum(s * r for s, r in zip(steps, rows, strict=True)) == pytest.approx(sum(hooks.batches), rel=0.05)
+    assert all("stack" in m and "eval" in m for m in lines)
