@@ -57,6 +57,7 @@ import copy
 import itertools
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -188,6 +189,8 @@ class AsrEngine:
         limit_numpy_blas_threads()  # the streams' front ends: small matmuls, one thread each (see _blas)
         if self.config.cpu_threads is not None:
             set_openblas_threads(self.config.cpu_threads)  # the encoder's matmuls on a CPU
+        if self.config.switch_interval_ms is not None:
+            sys.setswitchinterval(self.config.switch_interval_ms / 1000)
         mode = self.config.decoder.mode
         for i in range(self.config.decoder.workers):
             dec: StreamDecoder | BatchDecoder | None = None
@@ -490,24 +493,27 @@ class AsrEngine:
         not decoded yet to its last frame due; then each flush's padding from a copy of its state."""
         t0 = time.perf_counter()
         skips = [min(_frames_due(c), max(0, self._device_next[c.key] - c.first_frame)) for c in chunks]
-        tokens = device.decode(
+        # One pass: each chunk's due frames, committed, then a flush's padding from that state, kept
+        # nowhere (the device decoder's commit point).
+        emitted = device.decode(
             [self._device_slots[c.key] for c in chunks],
-            [c.frames[k : _frames_due(c)] for c, k in zip(chunks, skips, strict=True)],
+            [
+                c.frames[k:] if c.flush else c.frames[k : _frames_due(c)]
+                for c, k in zip(chunks, skips, strict=True)
+            ],
             [c.first_frame + k for c, k in zip(chunks, skips, strict=True)],
+            commit_frames=[_frames_due(c) - k for c, k in zip(chunks, skips, strict=True)],
         )
-        for c in chunks:
-            self._device_next[c.key] = max(self._device_next[c.key], c.first_frame + _frames_due(c))
-        flushes = [i for i, c in enumerate(chunks) if c.flush and c.frames.shape[0] > _frames_due(c)]
+        tokens: list[list[Token]] = []
         padding: dict[int, list[Token]] = {}
-        if flushes:
-            spec = device.decode(
-                [self._device_slots[chunks[i].key] for i in flushes],
-                [chunks[i].frames[_frames_due(chunks[i]) :] for i in flushes],
-                [chunks[i].first_frame + _frames_due(chunks[i]) for i in flushes],
-                commit=False,
-            )
-            padding = dict(zip(flushes, spec, strict=True))
+        for i, (c, ems) in enumerate(zip(chunks, emitted, strict=True)):
+            end = c.first_frame + _frames_due(c)
+            self._device_next[c.key] = max(self._device_next[c.key], end)
+            tokens.append([e for e in ems if e.frame < end])
+            if c.flush:
+                padding[i] = [e for e in ems if e.frame >= end]
         dt = time.perf_counter() - t0
+        self._report.decode_s += dt
         self.hooks.decoder_step(dt, len(chunks))
         share = dt / len(chunks)
         return [
@@ -537,6 +543,7 @@ class _StepReport:
 
     due: float
     rows: int = 0
+    decode_s: float = 0.0  # the device decoder's, on this thread
     last: dict[str, float] = field(default_factory=dict)
     since: float = field(default_factory=time.perf_counter)
 
@@ -549,13 +556,13 @@ class _StepReport:
         if steps:
             logger.info(
                 "encoder: %d steps in %.0f s, %.1f rows/step; calls/step: %.2f subsampling, %.2f stack, "
-                "%.2f untraced; ms/step: build %.1f, eval %.1f, copy %.1f",
+                "%.2f untraced; ms/step: plan %.1f, graph %.1f, eval %.1f, copy %.1f, decode %.1f",
                 steps, now - self.since, self.rows / steps, d.get("sub", 0.0) / steps,
                 d.get("stack", 0.0) / steps, d.get("untraced", 0.0) / steps,
-                1e3 * d.get("build_s", 0.0) / steps, 1e3 * d.get("eval_s", 0.0) / steps,
-                1e3 * d.get("copy_s", 0.0) / steps,
+                *(1e3 * d.get(f"{k}_s", 0.0) / steps for k in ("plan", "graph", "eval", "copy")),
+                1e3 * self.decode_s / steps,
             )  # fmt: skip
-        self.last, self.rows, self.since = totals, 0, now
+        self.last, self.rows, self.decode_s, self.since = totals, 0, 0.0, now
 
 
 class _StreamHandle:

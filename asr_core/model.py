@@ -72,8 +72,11 @@ class DeviceDecoderBackend(Protocol):
         frames: Sequence[np.ndarray],
         first_frames: Sequence[int],
         *,
-        commit: bool = True,
-    ) -> list[list[Token]]: ...
+        commit_frames: Sequence[int] | None = None,
+    ) -> list[list[Token]]:
+        """Each slot's chunk decoded and its state committed after its first `commit_frames[i]` frames
+        (default: all); the rest of the chunk is decoded on from there but not kept (a flush's padding)."""
+        ...
 
 
 class EngineModel(Protocol):
@@ -373,7 +376,7 @@ class _DeviceDecoderAdapter:
         frames: Sequence[np.ndarray],
         first_frames: Sequence[int],
         *,
-        commit: bool = True,
+        commit_frames: Sequence[int] | None = None,
     ) -> list[list[Token]]:
-        out = self._dec.decode(slots, frames, first_frames, commit=commit)
+        out = self._dec.decode(slots, frames, first_frames, commit_frames=commit_frames)
         return [[Token(int(e.token), int(e.frame), float(e.prob)) for e in ems] for ems in out]

@@ -140,12 +140,16 @@ class DeviceDecoder:
         first_frames: Sequence[int] | None = None,
         *,
         commit: bool = True,
+        commit_frames: Sequence[int] | None = None,
     ) -> list[list[Emission]]:
         """Decode each slot's chunk of joiner frames (T_i, J). An emission's frame is the chunk's
         `first_frames[i]` plus its offset in the chunk (the stream's media timeline, which skips
         dropped chunks); without `first_frames`, the slot's own count of frames decoded (as
-        `GreedyDecoder`). `commit=False` decodes from the slots' states without keeping the new ones
-        (a flush's padding: what the caller would say next is not known yet)."""
+        `GreedyDecoder`). `commit=False` decodes from the slots' states without keeping the new ones.
+        `commit_frames[i]` (default: all T_i) keeps the state row i had after its first that many
+        frames, and decoding goes on from it through the rest, emissions included, as a second call
+        from the kept state with `commit=False` would (a flush: its real frames, then its padding,
+        in one pass)."""
         n = len(slots)
         if n != len(frames):
             raise ValueError("one frames array per slot")
@@ -156,6 +160,7 @@ class DeviceDecoder:
                 raise ValueError(f"decoder slot {s} is not allocated")
         out: list[list[Emission]] = [[] for _ in range(n)]
         lengths = np.array([f.shape[0] for f in frames], np.int32)
+        keep = lengths if commit_frames is None else np.minimum(np.asarray(commit_frames, np.int32), lengths)
         t_max = int(lengths.max()) if n else 0
         if t_max == 0:
             return out
@@ -169,10 +174,17 @@ class DeviceDecoder:
         slot_rows[:n] = slots
         len_rows = np.zeros(bp, np.int32)
         len_rows[:n] = lengths
+        keep_rows = np.zeros(bp, np.int32)
+        keep_rows[:n] = keep
         idx = mx.array(slot_rows)
         feats = mx.array(padded, dtype=self.dtype)
-        lens = mx.array(len_rows)
+        lens, kept_len = mx.array(len_rows), mx.array(keep_rows)
         g, h, c = self._g[idx], self._h[:, idx], self._c[:, idx]
+        kept: list[mx.array] = [
+            g,
+            h,
+            c,
+        ]  # each row's state after its first keep frames: the start until it gets there
         t = mx.zeros((bp,), dtype=mx.int32)
         sym = mx.zeros((bp,), dtype=mx.int32)
         rows = mx.arange(bp)
@@ -186,7 +198,9 @@ class DeviceDecoder:
         extra = 2
         while True:
             while queued < min(want, budget):
-                k, p, emit, t_now, t, sym, g, h, c = self._step(feats, lens, rows, t, sym, g, h, c)
+                k, p, emit, t_now, t, sym, g, h, c, *kept = self._step(
+                    feats, lens, kept_len, rows, t, sym, g, h, c, *kept
+                )
                 ks.append(k)
                 ps.append(p)
                 emits.append(emit)
@@ -202,9 +216,9 @@ class DeviceDecoder:
             extra *= 2
         if commit:
             real = idx[:n]
-            self._g[real] = g[:n]
-            self._h[:, real] = h[:, :n]
-            self._c[:, real] = c[:, :n]
+            self._g[real] = kept[0][:n]
+            self._h[:, real] = kept[1][:, :n]
+            self._c[:, real] = kept[2][:, :n]
         stacked = [mx.stack(x) for x in (ks, ps, emits, ts)]
         mx.eval(*stacked, self._g, self._h, self._c)
         k_host, p_host, e_host, t_host = (np.array(x) for x in stacked)
@@ -212,7 +226,7 @@ class DeviceDecoder:
         for it, r in zip(*np.nonzero(e_host[:, :n]), strict=True):
             out[r].append(Emission(int(k_host[it, r]), base[r] + int(t_host[it, r]), float(p_host[it, r])))
         if commit:
-            for s, length in zip(slots, lengths.tolist(), strict=True):
+            for s, length in zip(slots, keep.tolist(), strict=True):
                 self._frames[s] += length
         return out
 
@@ -220,12 +234,16 @@ class DeviceDecoder:
         self,
         feats: mx.array,
         lens: mx.array,
+        kept_len: mx.array,
         rows: mx.array,
         t: mx.array,
         sym: mx.array,
         g: mx.array,
         h: mx.array,
         c: mx.array,
+        g_kept: mx.array,
+        h_kept: mx.array,
+        c_kept: mx.array,
     ) -> tuple[mx.array, ...]:
         active = t < lens
         f = feats[rows, mx.minimum(t, feats.shape[1] - 1)]
@@ -243,4 +261,10 @@ class DeviceDecoder:
         t_now = t
         t = t + advance.astype(mx.int32)
         sym = mx.where(advance, 0, sym)
-        return k, p, emit, t_now, t, sym, g, h, c
+        # The iteration that moves a row onto its frame kept_len leaves the state to keep.
+        reach = (t_now < kept_len) & (t >= kept_len)
+        r = reach[:, None]
+        g_kept = mx.where(r, g, g_kept)
+        h_kept = mx.where(r[None], h, h_kept)
+        c_kept = mx.where(r[None], c, c_kept)
+        return k, p, emit, t_now, t, sym, g, h, c, g_kept, h_kept, c_kept

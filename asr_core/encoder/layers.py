@@ -295,13 +295,22 @@ def _depthwise_taps(views: list[mx.array], taps: Sequence[mx.array]) -> mx.array
 
 
 def subsample(
-    p: EncoderParams, mel: mx.array, caches: list[mx.array] | None, first: bool, last: bool
+    p: EncoderParams,
+    mel: mx.array,
+    caches: list[mx.array] | None,
+    first: bool,
+    last: bool,
+    chain: tuple[mx.array, mx.array] | None = None,
 ) -> tuple[mx.array, list[mx.array]]:
     """mel (B, n, n_mels) -> (B, T, D) and each stage's new cached input row.
 
     `caches[i]` is stage i's cached input row ((B, F_i) for the mel stage, (B, F_i, C) later), ignored
     on a first chunk, which gets the offline causal padding (2 zero rows) instead. A last chunk gets
     the offline right padding (1 zero row) at every stage (model_spec.md §5.3).
+
+    `chain` (later chunks): (parent (B,) row indices, follows (B,) bool): a row that follows takes its
+    caches from its parent row's input in this same call instead of `caches`, i.e. it is the chunk
+    after its parent's (the second chunk of a flush). A parent must not follow another row.
     """
     cfg = p.cfg
     k, s = cfg.subsampling_conv_kernel_size, cfg.subsampling_conv_stride
@@ -316,7 +325,12 @@ def subsample(
             x = mx.pad(x, [(0, 0), (k - 1, 0), (0, 0), *extra])
         else:
             assert caches is not None
-            x = mx.concatenate([caches[i][:, None], x], axis=1)
+            cache = caches[i]
+            if chain is not None:
+                parent, follows = chain
+                lead = mx.take(x[:, -1], parent, axis=0)  # the parent's last input row of this stage
+                cache = mx.where(follows.reshape((-1,) + (1,) * (cache.ndim - 1)), lead, cache)
+            x = mx.concatenate([cache[:, None], x], axis=1)
         # The row a later chunk needs is this chunk's last input row (before the right padding).
         new_rows.append(x[:, -1])
         if last:
@@ -363,6 +377,7 @@ def _attention(
     lp: LayerParams,
     B: int,
     T: int,
+    kv_ctx: mx.array | None = None,
 ) -> tuple[mx.array, mx.array]:
     """Relative-position attention of T new frames over [cache | new] keys, with every matmul operand
     already in the layout the GEMM takes (so MLX copies nothing behind the graph's back) and no gather:
@@ -374,7 +389,8 @@ def _attention(
       shift - i + j of its row, i.e. a row stride of NP - 1 (`shift` = d_max minus the cached frames).
 
     qkv (B*T, 3D); kv_cache (B, Lc, 2D) or None (offline: the keys are the new frames); mask additive,
-    broadcastable to (B, H, T, L). Returns (B*T, D) output rows and the new K|V (B, T, 2D)."""
+    broadcastable to (B, H, T, L); `kv_ctx`: where each row's cache comes from (`chain_indices`).
+    Returns (B*T, D) output rows and the new K|V (B, T, 2D)."""
     D, H, dh = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
     NP = pos_rev.shape[-1]
     q = qkv[:, :D].reshape(B, T, H, dh)
@@ -384,6 +400,8 @@ def _attention(
         q_u, q_v = q_u * lp.q_scale, q_v * lp.q_scale
     kv_new = qkv[:, D:].reshape(B, T, 2 * D)
     kv = kv_new.reshape(B, T, 2, H, dh).transpose(2, 0, 3, 1, 4)
+    if kv_cache is not None and kv_ctx is not None:
+        kv_cache = _continued(kv_cache, kv_new, kv_ctx)
     if kv_cache is not None:
         Lc = kv_cache.shape[1]
         kv = mx.concatenate([kv_cache.reshape(B, Lc, 2, H, dh).transpose(2, 0, 3, 1, 4), kv], axis=3)
@@ -407,13 +425,15 @@ def conformer_layer(
     shift: int,
     lp: LayerParams,
     cfg: EncoderConfig,
+    chain: tuple[mx.array, mx.array] | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """One block over T new frames of B rows.
 
     x (B, T, D); kv_cache (B, Lc, 2D) projected K|V of the cached frames, oldest first (None: no
     cache, as offline); conv_cache (B, K-1, D) last GLU outputs; mask additive (B|1, 1, T|1, L) with
     L = Lc + T keys; `pos_rev`/`shift`: the position table and where query 0's key 0 sits in it
-    (`_attention`). Returns x, this chunk's K|V (B, T, 2D) and the new conv cache (B, K-1, D).
+    (`_attention`); `chain`: where each row's K|V and conv caches come from (`chain_indices`).
+    Returns x, this chunk's K|V (B, T, 2D) and the new conv cache (B, K-1, D).
     """
     eps = cfg.layer_norm_eps
     D = cfg.hidden_size
@@ -428,12 +448,15 @@ def conformer_layer(
     h = _ln(x, lp.att_norm, eps)
     parts = [linear(h, w) for w in lp.w_qkv]
     qkv = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
-    o, kv_new = _attention(qkv, kv_cache, mask, pos_rev, shift, cfg, lp, B, T)
+    kv_ctx, conv_ctx = chain if chain is not None else (None, None)
+    o, kv_new = _attention(qkv, kv_cache, mask, pos_rev, shift, cfg, lp, B, T, kv_ctx)
     x = addmm(x, o, lp.w_o)
 
     # Convolution module: pw1 -> GLU -> causal depthwise over [cache | new] -> LN -> SiLU -> pw2.
     g = _ln(x, lp.conv_norm, eps) @ lp.w_pw1
     glu = (g[:, :D] * mx.sigmoid(g[:, D:])).reshape(B, T, D)
+    if conv_ctx is not None:
+        conv_cache = _continued(conv_cache, glu, conv_ctx)
     seq = mx.concatenate([conv_cache, glu], axis=1)  # (B, K-1+T, D)
     y = seq[:, 0:T] * lp.w_dw[0]
     for tap in range(1, K):
@@ -479,11 +502,13 @@ def encoder_stack(
     valid: mx.array,
     prompt_ids: mx.array,
     seen: mx.array | None = None,
+    chain: tuple[mx.array, mx.array] | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """All conformer layers plus the head for B rows of T frames (one streaming step).
 
     kv_cache (layers, B, Lc, 2D) and conv_cache (layers, B, K-1, D) are the rows' gathered caches.
-    `seen`: per-query visibility of rows holding several chunks (`streaming_mask`).
+    `seen`: per-query visibility of rows holding several chunks (`streaming_mask`). `chain`: rows that
+    continue another row of the call (`chain_indices`).
     Returns frames (B, T, J) float32, new K|V (layers, B, T, 2D) and new conv caches (layers, ...).
     """
     cfg = p.cfg
@@ -493,12 +518,34 @@ def encoder_stack(
     kv_out, conv_out = [], []
     for n, lp in enumerate(p.layers):
         x, kv_new, conv_new = conformer_layer(
-            x, _layer(kv_cache, n), _layer(conv_cache, n), mask, lp.pos_rev, shift, lp, cfg
+            x, _layer(kv_cache, n), _layer(conv_cache, n), mask, lp.pos_rev, shift, lp, cfg, chain
         )
         kv_out.append(kv_new)
         conv_out.append(conv_new)
     frames = head(p, x, prompt_ids)
     return frames, mx.stack(kv_out), mx.stack(conv_out)
+
+
+def chain_indices(parent: np.ndarray, T: int, Lc: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where each row's attention and conv caches come from when some rows of a call continue another
+    row of it (`parent[r] != r`: row r is the chunk after row parent[r], a flush's second chunk).
+
+    Per layer, a row's context is [its cache | its new frames] (Lc + T K|V rows, K - 1 + T GLU rows);
+    a row that continues its parent takes, as its cache, the last Lc (K - 1) of its parent's context:
+    what the parent's step would have left in the pools. Returns flat row indices into those contexts
+    ((B, Lc) and (B, K - 1)); a row that continues nothing reads its own cache."""
+    own = np.arange(len(parent)) == parent
+    kv = parent[:, None] * (Lc + T) + np.where(own, 0, T)[:, None] + np.arange(Lc)[None, :]
+    conv = parent[:, None] * (K - 1 + T) + np.where(own, 0, T)[:, None] + np.arange(K - 1)[None, :]
+    return kv.astype(np.int32), conv.astype(np.int32)
+
+
+def _continued(cache: mx.array, new: mx.array, ctx: mx.array) -> mx.array:
+    """cache (B, C, W) with each row replaced by the rows `ctx` (B, C) picks from every row's
+    [cache | new] (B, C + T, W) context, flattened: one gather."""
+    B, C, W = cache.shape
+    context = mx.concatenate([cache, new], axis=1).reshape(-1, W)
+    return mx.take(context, ctx.reshape(-1), axis=0).reshape(B, C, W)
 
 
 def _layer(stacked: mx.array, n: int) -> mx.array:

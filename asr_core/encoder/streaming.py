@@ -37,7 +37,14 @@ import numpy as np
 
 from asr_core.bundle import PRECISIONS, EncoderConfig
 from asr_core.encoder.geometry import chunk_frames, encoder_frames, first_chunk_frames
-from asr_core.encoder.layers import EncoderParams, build_params, encoder_stack, offline_forward, subsample
+from asr_core.encoder.layers import (
+    EncoderParams,
+    build_params,
+    chain_indices,
+    encoder_stack,
+    offline_forward,
+    subsample,
+)
 from asr_core.quant import Linear
 
 
@@ -78,6 +85,8 @@ class _Row:
     last: bool
     T: int
     flush: bool = False
+    ahead: int = 0  # encoder frames between the stream's last committed frame and this row's first
+    follows: bool = False  # continues the row just before it in the step (a flush's second chunk)
 
 
 class StreamingEncoder:
@@ -116,8 +125,8 @@ class StreamingEncoder:
         self._free: list[int] = []
         self._capacity = 0
         self._pending: list[tuple[int, mx.array, mx.array]] = []  # (pool id, row indices, values)
-        self._sub_fns: dict[tuple[bool, bool], Callable[..., tuple[mx.array, ...]]] = {}
-        self._stack_fns: dict[int, Callable[..., tuple[mx.array, ...]]] = {}
+        self._sub_fns: dict[tuple[bool, bool, bool], Callable[..., tuple[mx.array, ...]]] = {}
+        self._stack_fns: dict[tuple[int, bool], Callable[..., tuple[mx.array, ...]]] = {}
         # After `warmup`: the call shapes it traced. A compiled call on any other shape (a short last
         # chunk, a lookahead not warmed) would trace anew, and on a GPU compile kernels for seconds
         # with every stream waiting; such rare calls run uncompiled instead.
@@ -126,10 +135,11 @@ class StreamingEncoder:
         # Steps and the compiled-function calls they made: "sub", "stack", and "untraced" (calls that
         # ran uncompiled for want of a warmed shape). Read by the engine's summary.
         self.calls: Counter[str] = Counter()
-        # Where the steps' wall time went: "build" (planning and the calls that build the lazy graph,
-        # on this thread under the interpreter lock), "eval" (the one `mx.eval`: the kernels' launch
-        # and run; the lock is released), "copy" (frames to the host).
-        self.seconds = dict.fromkeys(("build", "eval", "copy"), 0.0)
+        # Where the steps' wall time went: "plan" (checking the rows, applying the last step's pool
+        # writes), "graph" (the calls that build the lazy graph; both on this thread under the
+        # interpreter lock), "eval" (the one `mx.eval`: the kernels' launch and run, the lock released),
+        # "copy" (frames to the host).
+        self.seconds = dict.fromkeys(("plan", "graph", "eval", "copy"), 0.0)
         self._sizes: dict[tuple[int, bool], int] = {}  # (lookahead, first) -> mel frames
         self._frames: dict[tuple[int, bool, bool], int] = {}  # (mel frames, first, last) -> T
         D, L, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.conv_kernel_size
@@ -205,14 +215,12 @@ class StreamingEncoder:
         the step's lazy graph (what one `mx.eval` runs) in DOT format, for counting kernels.
         """
         t0 = time.perf_counter()
-        planned = self._plan(rows)
+        planned = self._chain_flushes(self._plan(rows))
         self._flush_pending()
         self.calls["step"] += 1
-        outputs: list[np.ndarray | None] = [None] * len(rows)
+        tp = time.perf_counter()
+        pieces: list[list[np.ndarray]] = [[] for _ in rows]
         J = self.cfg.output_size
-        for r in planned:
-            if r.T == 0:
-                outputs[r.index] = np.zeros((0, J), dtype=np.float32)
 
         # Stack calls by padded length: a row's own chunk length, or more for a flush of several
         # chunks. A short last chunk rides in its stream's regular call, padded behind its frames and
@@ -229,8 +237,10 @@ class StreamingEncoder:
             slots = np.zeros(Bp, np.int32)  # padding rows gather the zero row
             slots[:B] = [1 + r.slot for r in group]
             slots_mx = mx.array(slots)
-            sub = self._sub_fn(first, last, ("sub", first, last, Bp, n))
-            x, *stage_rows = sub(mx.array(mel), slots_mx, *self._pools[2:])
+            chained = not first and (self.compiled or any(r.follows for r in group))
+            sub = self._sub_fn(first, last, chained, ("sub", first, last, Bp, n))
+            chain = [mx.array(a) for a in _parents(group, Bp)] if chained else []
+            x, *stage_rows = sub(mx.array(mel), slots_mx, *chain, *self._pools[2:])
             self.calls["sub"] += 1
             keep = [k for k, r in enumerate(group) if not r.flush]  # flush rows write no cache
             if not last and len(keep) == Bp:
@@ -257,8 +267,14 @@ class StreamingEncoder:
                 xs.append(mx.zeros((Bp - B, T, self.cfg.hidden_size), dtype=self.dtype))
             x = xs[0] if len(xs) == 1 else mx.concatenate(xs)
             meta = self._stack_meta(group, T, Bp)
-            frames, kv_new, conv_new = self._stack_fn(T, ("stack", T, Bp))(
-                x, self._pools[0], self._pools[1], *meta[:4], meta[6]
+            chained = self.compiled or any(r.follows for r in group)
+            links: list[mx.array] = []
+            if chained:
+                parent = _parents(group, Bp)[0]
+                K = self.cfg.conv_kernel_size
+                links = [mx.array(a) for a in chain_indices(parent, T, self._Lc, K)]
+            frames, kv_new, conv_new = self._stack_fn(T, chained, ("stack", T, Bp))(
+                x, self._pools[0], self._pools[1], *meta[:4], meta[6], *links
             )
             self.calls["stack"] += 1
             if Bp > B:
@@ -281,9 +297,9 @@ class StreamingEncoder:
         for group, frames in results:
             host = np.array(frames)
             for k, r in enumerate(group):
-                outputs[r.index] = host[k, : r.T]
+                pieces[r.index].append(host[k, : r.T])
         t3 = time.perf_counter()
-        for phase, dt in (("build", t1 - t0), ("eval", t2 - t1), ("copy", t3 - t2)):
+        for phase, dt in (("plan", tp - t0), ("graph", t1 - tp), ("eval", t2 - t1), ("copy", t3 - t2)):
             self.seconds[phase] += dt
         for r in planned:
             if r.flush:
@@ -291,7 +307,26 @@ class StreamingEncoder:
             r.stream.frames += r.T
             r.stream.chunks += 1
             r.stream.finished = r.last
-        return [o if o is not None else np.zeros((0, J), np.float32) for o in outputs]
+        empty = np.zeros((0, J), np.float32)
+        return [(p[0] if len(p) == 1 else np.concatenate(p)) if p else empty for p in pieces]
+
+    def _chain_flushes(self, planned: list[_Row]) -> list[_Row]:
+        """A flush of two later chunks becomes two rows of one chunk each, the second continuing the
+        first (`layers.chain_indices`), so that it rides in the step's regular stack call instead of
+        a call of its own; flushes of a stream's first chunk or of more chunks keep their own call."""
+        out: list[_Row] = []
+        for r in planned:
+            chunk = r.stream.lookahead + 1
+            later = self._chunk_size(r.stream.lookahead, False)
+            if not (r.flush and not r.first and r.mel.shape[0] == 2 * later):
+                out.append(r)
+                continue
+            lead = _Row(r.index, r.slot, r.stream, r.mel[:later], False, False, chunk, True)
+            out += [
+                lead,
+                _Row(r.index, r.slot, r.stream, r.mel[later:], False, False, chunk, True, chunk, True),
+            ]
+        return out
 
     def _plan(self, rows: Sequence[ChunkInput]) -> list[_Row]:
         """Validate every row before anything runs (a refused step changes no stream)."""
@@ -352,7 +387,7 @@ class StreamingEncoder:
         frame, whichever comes first. So no real query sees a padding frame."""
         Lc, B = self._Lc, len(group)
         slot = np.fromiter((r.slot for r in group), np.int64, B)
-        a0 = np.fromiter((r.stream.frames for r in group), np.int64, B)  # frames written so far
+        a0 = np.fromiter((r.stream.frames + r.ahead for r in group), np.int64, B)  # frames before the row
         chunk = np.fromiter((r.stream.lookahead + 1 for r in group), np.int64, B)
         real = np.fromiter((r.T for r in group), np.int64, B)
         first = np.fromiter((r.first for r in group), bool, B)
@@ -398,24 +433,26 @@ class StreamingEncoder:
 
     # mx.compile traces a function again for each new input shape (B, chunk length) and keeps them all.
     def _sub_fn(
-        self, first: bool, last: bool, shape: tuple[object, ...]
+        self, first: bool, last: bool, chained: bool, shape: tuple[object, ...]
     ) -> Callable[..., tuple[mx.array, ...]]:
         if not self._compiled_for(shape):
-            return partial(_subsample_step, self.params, first, last)
-        key = (first, last)
+            return partial(_subsample_step, self.params, first, last, chained)
+        key = (first, last, chained)
         fn = self._sub_fns.get(key)
         if fn is None:
-            fn = mx.compile(partial(_subsample_step, self.params, first, last))
+            fn = mx.compile(partial(_subsample_step, self.params, first, last, chained))
             self._sub_fns[key] = fn
         return fn
 
-    def _stack_fn(self, T: int, shape: tuple[object, ...]) -> Callable[..., tuple[mx.array, ...]]:
+    def _stack_fn(
+        self, T: int, chained: bool, shape: tuple[object, ...]
+    ) -> Callable[..., tuple[mx.array, ...]]:
         if not self._compiled_for(shape):
             return partial(_stack_step, self.params)
-        fn = self._stack_fns.get(T)
+        fn = self._stack_fns.get((T, chained))
         if fn is None:
             fn = mx.compile(partial(_stack_step, self.params))
-            self._stack_fns[T] = fn
+            self._stack_fns[(T, chained)] = fn
         return fn
 
     def _compiled_for(self, shape: tuple[object, ...]) -> bool:
@@ -432,7 +469,7 @@ class StreamingEncoder:
 
     def warmup(self, lookahead: int, max_batch: int) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (first and later chunks,
-        and their flushes) so that no live step pays for it; returns the number of buckets. A no-op
+        and a first chunk's flush) so that no live step pays for it; returns the number of buckets. A no-op
         when not compiled. From then on, calls of shapes it did not trace (short final chunks: one
         shape per length and bucket; a lookahead not warmed) run uncompiled rather than trace."""
         if not self.compiled:
@@ -448,8 +485,13 @@ class StreamingEncoder:
             try:
                 for first in (True, False):
                     size = self._chunk_size(lookahead, first)
-                    flush = np.zeros((size + extra * self._chunk_size(lookahead, False), n_mels), np.float32)
-                    self.step([ChunkInput(s, flush, flush=True) for s in slots])
+                    # A flush of later chunks rides in the regular call (`_chain_flushes`): only a
+                    # first chunk's flush has calls of its own.
+                    if first:
+                        flush = np.zeros(
+                            (size + extra * self._chunk_size(lookahead, False), n_mels), np.float32
+                        )
+                        self.step([ChunkInput(s, flush, flush=True) for s in slots])
                     self.step([ChunkInput(s, np.zeros((size, n_mels), np.float32)) for s in slots])
             finally:
                 for s in slots:
@@ -473,10 +515,19 @@ class StreamingEncoder:
 
 
 def _subsample_step(
-    params: EncoderParams, first: bool, last: bool, mel: mx.array, slots: mx.array, *pools: mx.array
+    params: EncoderParams,
+    first: bool,
+    last: bool,
+    chained: bool,
+    mel: mx.array,
+    slots: mx.array,
+    *rest: mx.array,
 ) -> tuple[mx.array, ...]:
+    """`rest`: (parent, follows) when `chained`, then the subsampling pools."""
+    chain = (rest[0], rest[1]) if chained else None
+    pools = rest[2:] if chained else rest
     caches = None if first else [mx.take(pool, slots, axis=0) for pool in pools]
-    x, rows = subsample(params, mel, caches, first, last)
+    x, rows = subsample(params, mel, caches, first, last, chain)
     return (x, *rows)
 
 
@@ -490,10 +541,13 @@ def _stack_step(
     valid: mx.array,
     prompt: mx.array,
     seen: mx.array,
+    kv_ctx: mx.array | None = None,
+    conv_ctx: mx.array | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     kv_cache = _take_rows(kv_pool, kv_idx)  # (layers, B, Lc, 2D), oldest first
     conv_cache = _take_rows(conv_pool, conv_idx)  # (layers, B, K-1, D)
-    return encoder_stack(params, x, kv_cache, conv_cache, valid, prompt, seen)
+    chain = (kv_ctx, conv_ctx) if kv_ctx is not None and conv_ctx is not None else None
+    return encoder_stack(params, x, kv_cache, conv_cache, valid, prompt, seen, chain)
 
 
 def _take_rows(pool: mx.array, idx: mx.array) -> mx.array:
@@ -513,6 +567,15 @@ def _group(
     for r in rows:
         groups.setdefault(key(r), []).append(r)
     return groups
+
+
+def _parents(group: list[_Row], padded: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of a call (`padded` rows): the row it continues (itself if none), and whether it does."""
+    follows = np.zeros(padded, bool)
+    follows[: len(group)] = [r.follows for r in group]
+    parent = np.arange(padded, dtype=np.int32)
+    parent[follows] -= 1
+    return parent, follows
 
 
 def _padded_length(r: _Row) -> int:

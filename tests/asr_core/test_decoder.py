@@ -475,6 +475,36 @@ def test_a_device_decode_that_does_not_commit_leaves_the_state_as_it_was(graphs:
     assert out_a or tried[0]  # the frames are loud enough to emit
 
 
+def test_a_commit_point_inside_the_chunk_equals_a_committed_decode_then_a_trial_from_it(
+    graphs: RnntGraphs,
+) -> None:
+    """A flush in one pass: `commit_frames` keeps each row's state after its first k frames and goes on
+    through the rest; tokens and kept states are those of two calls (commit the k frames, then decode
+    the rest with commit=False), for k at the start, inside and at the end of a row."""
+    from asr_core.decoder.device import DeviceDecoder
+
+    one, two = (DeviceDecoder(graphs.weights(), TINY.blank_id, max_symbols=3) for _ in range(2))
+    chunks = [3 * _frames(n, 60 + i) for i, n in enumerate((6, 5, 8, 4))]
+    keeps = [0, 2, 8, 4]
+    warm = [3 * _frames(3, 70 + i) for i in range(4)]
+    slots_one, slots_two = [one.alloc() for _ in chunks], [two.alloc() for _ in chunks]
+    one.decode(slots_one, warm)
+    two.decode(slots_two, warm)
+    got = one.decode(slots_one, chunks, [3] * 4, commit_frames=keeps)
+    head = two.decode(slots_two, [c[:k] for c, k in zip(chunks, keeps, strict=True)], [3] * 4)
+    tail = two.decode(
+        slots_two, [c[k:] for c, k in zip(chunks, keeps, strict=True)], [3 + k for k in keeps], commit=False
+    )
+    assert [[(e.token, e.frame) for e in g] for g in got] == [
+        [(e.token, e.frame) for e in h + t] for h, t in zip(head, tail, strict=True)
+    ]
+    assert sum(len(t) for t in tail) > 0 and sum(len(h) for h in head) > 0  # both parts emit
+    after = [3 * _frames(5, 80 + i) for i in range(4)]  # the kept states decode alike from here
+    assert [[(e.token, e.frame) for e in x] for x in one.decode(slots_one, after)] == [
+        [(e.token, e.frame) for e in x] for x in two.decode(slots_two, after)
+    ]
+
+
 def test_device_decoder_warmup_traces_every_frame_bucket_and_leaves_no_trace_in_the_slots(
     graphs: RnntGraphs,
 ) -> None:

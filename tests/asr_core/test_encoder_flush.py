@@ -126,3 +126,38 @@ def test_the_chunker_pads_a_flush_with_its_last_frame_and_counts_the_real_frames
     np.testing.assert_array_equal(chunk[20:], np.repeat(frames[-1:], 44, axis=0))
     (nxt,) = ch.push(frames[:12])  # the frames stay pending: the real chunk follows as usual
     np.testing.assert_array_equal(nxt[:20], frames[25:])
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_flush_of_later_chunks_rides_in_the_regular_stack_call(
+    bundle: Bundle, mel: np.ndarray, compiled: bool
+) -> None:
+    """Its second chunk continues its first inside the call (caches taken from the first's context),
+    so a step of later chunks and flushes makes one stack call; a flush at a stream's first chunk
+    still makes one of its own. Every row's frames are those of the chunks streamed one by one."""
+    parts = chunks(mel)
+    enc = StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, "f32", compile=compiled)
+    ref = encoder(bundle)
+    slots = [enc.alloc(0, LOOKAHEAD) for _ in range(4)]
+    refs = [ref.alloc(0, LOOKAHEAD) for _ in range(4)]
+    fresh, fresh_ref = enc.alloc(0, LOOKAHEAD), ref.alloc(0, LOOKAHEAD)
+    enc.step([ChunkInput(s, parts[0]) for s in slots])
+    ref.step([ChunkInput(s, parts[0]) for s in refs])
+    later = np.concatenate(parts[1:3])
+    before = enc.calls["stack"]
+    got = enc.step(
+        [ChunkInput(s, parts[1]) for s in slots[:2]] + [ChunkInput(s, later, flush=True) for s in slots[2:]]
+    )
+    assert enc.calls["stack"] - before == 1
+    for g, r in zip(got[:2], refs[:2], strict=True):
+        np.testing.assert_allclose(g, ref.step([ChunkInput(r, parts[1])])[0], atol=TOL)
+    for g, r in zip(got[2:], refs[2:], strict=True):
+        streamed = np.concatenate([ref.step([ChunkInput(r, p)])[0] for p in parts[1:3]])
+        np.testing.assert_allclose(g, streamed, atol=TOL)
+    before = enc.calls["stack"]
+    first = np.concatenate(parts[0:2])
+    enc.step([ChunkInput(slots[0], parts[2]), ChunkInput(fresh, first, flush=True)])
+    assert enc.calls["stack"] - before == 2
+    streamed = np.concatenate([ref.step([ChunkInput(fresh_ref, p)])[0] for p in parts[0:2]])
+    got_first = enc.step([ChunkInput(fresh, first, flush=True)])[0]
+    np.testing.assert_allclose(got_first, streamed, atol=TOL)

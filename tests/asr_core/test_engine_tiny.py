@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -300,11 +301,19 @@ def test_the_mlx_thread_reports_where_its_steps_went(
     """At the latest when it stops, the MLX thread logs its steps, rows per step, compiled calls per
     step and the step's phases: what an operator reads to tell a launch-bound step from a busy one."""
     hooks = CountingHooks()
-    with caplog.at_level("INFO", logger="asr_core.engine"):
-        with AsrEngine(tiny_model, config(), hooks) as eng:
-            run_solo(eng, synthetic_call(2.0, seed=7), StreamOptions(language="en-US"))
+    with caplog.at_level("INFO", logger="asr_core.engine"), AsrEngine(tiny_model, config(), hooks) as eng:
+        run_solo(eng, synthetic_call(2.0, seed=7), StreamOptions(language="en-US"))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("encoder: ")]
     steps, rows = zip(*(map(float, (m.split()[1], m.split(", ")[1].split()[0])) for m in lines), strict=True)
     assert sum(steps) == len(hooks.batches)
     assert sum(s * r for s, r in zip(steps, rows, strict=True)) == pytest.approx(sum(hooks.batches), rel=0.05)
-    assert all("stack" in m and "eval" in m for m in lines)
+    assert all("stack" in m and "graph" in m and "eval" in m for m in lines)
+
+
+def test_the_engine_sets_the_interpreter_switch_interval_it_is_given(tiny_model: AsrModel) -> None:
+    before = sys.getswitchinterval()
+    try:
+        with AsrEngine(tiny_model, EngineConfig(switch_interval_ms=1.0)):
+            assert sys.getswitchinterval() == pytest.approx(0.001)
+    finally:
+        sys.setswitchinterval(before)

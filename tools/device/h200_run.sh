@@ -54,6 +54,24 @@ gateway)
     --env TTG_ENCODER__MAX_BATCH="${MAX_BATCH:-512}" --sip-port 5060 --http-port 9108 --redis-port 6379 \
     --rtp-ports 20000-29999 --replay-rtp-ports 30000-49999 --out /tmp/gw ${GATEWAY_ARGS:-} &
   bench=$!
+  # PROFILE_AT_S: that long after the gateway is ready, sample the engine process (py-spy, all
+  # threads, then only the interpreter lock's holder) while the calls run.
+  if [ -n "${PROFILE_AT_S:-}" ]; then
+    (
+      until grep -q "gateway ready" "$OUT/run.log" 2>/dev/null; do sleep 1; done
+      sleep "$PROFILE_AT_S"
+      pid=$(pgrep -f "asr_core.host" | head -1)
+      spy=$(command -v py-spy || echo /tmp/site/bin/py-spy)
+      if [ -n "$pid" ] && [ -x "$spy" ]; then
+        stamp "profiling the engine process $pid"
+        "$spy" record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/all.raw" --threads --idle > /tmp/spy1.log 2>&1
+        "$spy" record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/gil.raw" --threads --gil > /tmp/spy2.log 2>&1
+        tail -2 /tmp/spy1.log /tmp/spy2.log
+      else
+        echo "no profile: engine pid '$pid', py-spy '$spy'"
+      fi
+    ) &
+  fi
   while kill -0 "$bench" 2>/dev/null; do
     cp /tmp/gw/summary.json "$OUT/" 2>/dev/null
     tail -c 300000 /tmp/gw/serve.log > "$OUT/serve.log" 2>/dev/null

@@ -54,6 +54,9 @@ done
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dest/repo/.whl/extra" "${pins[@]}"
+# py-spy (a profiler, one static binary) for the profiling phases; the runs go on without it.
+"$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux1_x86_64 \
+  -d "$dest/repo/.whl/extra" py-spy==0.4.3 || echo "py-spy not staged: the runs will not profile" >&2
 
 # 4. redis-server with its libraries (glibc stays the host's; kit_env.sh puts the host's library folders
 #    first, so ours only fill in what the image does not have).
