@@ -459,8 +459,9 @@ class AsrEngine:
                 self._workers[worker].queue.put(_Done(left.key, left.reason))
         for j in plan.joined:
             self._slots[j.key] = encoder.alloc(j.prompt_id, j.lookahead)
-            if device is not None:
-                self._device_slots[j.key] = device.alloc()
+        if device is not None and plan.joined:
+            for j, slot in zip(plan.joined, device.alloc_many(len(plan.joined)), strict=True):
+                self._device_slots[j.key] = slot
                 self._device_next[j.key] = 0
         if not plan.rows:
             return

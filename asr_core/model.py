@@ -58,7 +58,9 @@ class BatchDecoder(Protocol):
 class DeviceDecoderBackend(Protocol):
     """Greedy decoding of a whole encoder step on the accelerator (owned by the engine's MLX thread)."""
 
-    def alloc(self) -> int: ...
+    def alloc_many(self, n: int) -> list[int]:
+        """Slots for n new streams (a step's joins)."""
+        ...
 
     def warmup(self) -> int:
         """Compile what live decodes will run (before the engine says it is ready)."""
@@ -361,8 +363,8 @@ class _DeviceDecoderAdapter:
     def __init__(self, decoder: Any) -> None:
         self._dec = decoder
 
-    def alloc(self) -> int:
-        return int(self._dec.alloc())
+    def alloc_many(self, n: int) -> list[int]:
+        return [int(s) for s in self._dec.alloc_many(n)]
 
     def warmup(self) -> int:
         return int(self._dec.warmup())

@@ -316,6 +316,13 @@ class DaemonSettings(BaseModel):
         description="Media worker processes (RTP + ASR front end; the engine then runs in a process of its "
         "own); 0 = all in one process; -1 = auto",
     )
+    engines: int = Field(
+        1,
+        ge=1,
+        description="ASR engine processes, with media workers (at most one per worker): each batches the "
+        "calls of its share of the workers on the same accelerator; more than one where one process's "
+        "kernel launches are the limit (a GPU: docs/benchmarks.md)",
+    )
 
 
 class LogSettings(BaseModel):

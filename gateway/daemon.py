@@ -38,7 +38,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -458,10 +458,11 @@ class Daemon:
     """Runs the gateway until a signal (or an engine failure); `run()` returns the exit status.
 
     Two process models, one daemon. In one process (`model` given): the engine's threads run here and
-    `LocalLegs` wires each call's RTP into its ASR stream. With media workers (`engine_process` given,
-    already started): the engine runs in that process, `MediaWorkerPool` starts the workers that
-    receive RTP and run the ASR front end, `WorkerLegs` carries the call core's leg effects to them and
-    the engine's results back; this process keeps SIP, the per-call cores, Redis and HTTP.
+    `LocalLegs` wires each call's RTP into its ASR stream. With media workers (`engine_processes`
+    given, already started): the engines run in those processes, `MediaWorkerPool` starts the workers
+    that receive RTP and run the ASR front end (worker i feeds engine i mod N), `WorkerLegs` carries the
+    call core's leg effects to them and the engines' results back; this process keeps SIP, the
+    per-call cores, Redis and HTTP. Any engine process that fails stops the gateway (exit status 1).
 
     `engine_factory(model, on_fatal)` builds the (not yet started) engine; tests pass one that wraps
     the real engine's model to inject a failure. `install_signals=False` when the caller owns them.
@@ -475,11 +476,11 @@ class Daemon:
         *,
         engine_factory: EngineFactory | None = None,
         install_signals: bool = True,
-        engine_process: Any = None,
+        engine_processes: Sequence[Any] = (),
     ) -> None:
         self.settings = settings
         self.model = model
-        self.engine_process = engine_process  # asr_core.remote.EngineProcess, started
+        self.engine_processes = list(engine_processes)  # asr_core.remote.EngineProcess, started
         self.pool: Any = None
         self.legs: Any = None
         self.choice = choice
@@ -593,7 +594,7 @@ class Daemon:
             raise StartupError(
                 f"cannot serve HTTP on {s.http.host}:{s.http.port}: {e}", EXIT_FAILURE
             ) from None
-        if self.engine_process is not None:
+        if self.engine_processes:
             legs = await self._start_workers()
         else:
             self.engine = self.engine_factory(self.model, self._on_engine_fatal)
@@ -645,16 +646,18 @@ class Daemon:
         from gateway.workers.legs import WorkerLegs
         from gateway.workers.pool import MediaWorkerPool
 
-        s, engine = self.settings, self.engine_process
-        assert engine.spec is not None and engine.results is not None
-        n = len(engine.front_end_ends())
+        s, engines = self.settings, self.engine_processes
+        spec = engines[0].spec
+        assert spec is not None and all(e.results is not None for e in engines)
+        chunk_ends = worker_chunk_ends([e.front_end_ends() for e in engines])
+        n = len(chunk_ends)
         self._tmp = tempfile.TemporaryDirectory(prefix="ttg-serve-")
         spec_file = Path(self._tmp.name) / "frontend.json"
-        spec_file.write_text(json.dumps(engine.spec.to_json()))
+        spec_file.write_text(json.dumps(spec.to_json()))
         self.pool = MediaWorkerPool(
             n,
             spec_file=spec_file,
-            chunk_ends=engine.front_end_ends(),
+            chunk_ends=chunk_ends,
             media_config=asdict(media_config(s.rtp)),
             host=s.rtp.host,
             port_min=s.rtp.port_min,
@@ -668,29 +671,33 @@ class Daemon:
             await self.pool.start()
         except (RuntimeError, OSError, ValueError) as e:
             raise StartupError(f"the media workers did not start: {e}", EXIT_FAILURE) from None
-        engine.handed_over()  # a worker that dies now closes its channel: the engine sees it
-        self.legs = WorkerLegs(self.pool, engine.spec, PrometheusEngineHooks())
+        for engine in engines:  # a worker that dies now closes its channel: the engine sees it
+            engine.handed_over()
+        self.legs = WorkerLegs(self.pool, spec, PrometheusEngineHooks())
         self.pool.on_worker_died = self._worker_died
         loop = asyncio.get_running_loop()
-        loop.add_reader(engine.results.fileno(), self._engine_results)
-        loop.add_reader(engine.control_fileno, self._engine_control)
+        for i, engine in enumerate(engines):
+            loop.add_reader(engine.results.fileno(), self._engine_results, i)
+            loop.add_reader(engine.control_fileno, self._engine_control, i)
         metrics.MEDIA_WORKERS.set(n)
+        first = engines[0]
         logger.info(
-            "%d media workers up in %.1f s (RTP %s); ASR engine process %s (%s on %s): %s decoding, "
+            "%d media workers up in %.1f s (RTP %s); ASR engine process%s %s (%s on %s): %s decoding, "
             "max batch %d",
-            n, time.monotonic() - t0, ", ".join(f"{lo}-{hi}" for lo, hi in self.pool.slices), engine.pid,
-            engine.info.get("precision"), engine.info.get("device"), s.decoder.mode, s.encoder.max_batch,
+            n, time.monotonic() - t0, ", ".join(f"{lo}-{hi}" for lo, hi in self.pool.slices),
+            "es" if len(engines) > 1 else "", ", ".join(str(e.pid) for e in engines),
+            first.info.get("precision"), first.info.get("device"), s.decoder.mode, s.encoder.max_batch,
         )  # fmt: skip
         return self.legs
 
-    def _engine_results(self) -> None:
+    def _engine_results(self, i: int) -> None:
         try:
-            self.legs.on_results(self.engine_process.read_results())
+            self.legs.on_results(self.engine_processes[i].read_results(), engine=i)
         except Exception:
-            logger.exception("reading the engine's results failed")
+            logger.exception("reading the results of engine %d failed", i)
 
-    def _engine_control(self) -> None:
-        engine = self.engine_process
+    def _engine_control(self, i: int) -> None:
+        engine = self.engine_processes[i]
         alive = engine.poll_control()
         if alive and engine.failure is None:
             return
@@ -699,7 +706,7 @@ class Daemon:
             loop.remove_reader(engine.control_fileno)
         if not alive:
             with contextlib.suppress(ValueError, OSError):
-                self._engine_results()  # what it published before it went
+                self._engine_results(i)  # what it published before it went
                 loop.remove_reader(engine.results.fileno())
         if self._engine_stopping or self.readiness.engine_failed:
             return
@@ -821,25 +828,46 @@ class Daemon:
                 await asyncio.to_thread(self.engine.shutdown, drain=True, timeout=ENGINE_SHUTDOWN_S)
             except Exception:
                 logger.exception("engine shutdown failed")
-        if self.engine_process is not None:
-            await self._stop_engine_process()
+        if self.engine_processes:
+            await self._stop_engine_processes()
         if self._tmp is not None:
             self._tmp.cleanup()
         logger.info("stopped in %.1f s (exit status %d)", time.monotonic() - t0, self.exit_code)
 
-    async def _stop_engine_process(self) -> None:
-        engine = self.engine_process
+    async def _stop_engine_processes(self) -> None:
         self._engine_stopping = True
         loop = asyncio.get_running_loop()
-        for fd in (engine.control_fileno, engine.results.fileno() if engine.results is not None else None):
-            if fd is not None:
-                with contextlib.suppress(ValueError, OSError):
-                    loop.remove_reader(fd)
-        code = await asyncio.to_thread(engine.shutdown, drain=True, timeout=ENGINE_SHUTDOWN_S)
-        engine.close()
-        if code != 0 and not self.readiness.engine_failed:
-            logger.error("the engine process exited with status %d", code)
-            self.exit_code = EXIT_FAILURE
+        for engine in self.engine_processes:
+            for fd in (
+                engine.control_fileno,
+                engine.results.fileno() if engine.results is not None else None,
+            ):
+                if fd is not None:
+                    with contextlib.suppress(ValueError, OSError):
+                        loop.remove_reader(fd)
+
+        def stop(engine: Any) -> int:
+            code = int(engine.shutdown(drain=True, timeout=ENGINE_SHUTDOWN_S))
+            engine.close()
+            return code
+
+        codes = await asyncio.gather(*(asyncio.to_thread(stop, e) for e in self.engine_processes))
+        for engine, code in zip(self.engine_processes, codes, strict=True):
+            if code != 0 and not self.readiness.engine_failed:
+                logger.error("the engine process %s exited with status %d", engine.pid, code)
+                self.exit_code = EXIT_FAILURE
+
+
+def worker_chunk_ends(per_engine: Sequence[Sequence[Any]]) -> list[Any]:
+    """Media worker i's chunk channel: engine i mod N's, its (i div N)-th front-end end."""
+    n = len(per_engine)
+    total = sum(len(ends) for ends in per_engine)
+    return [per_engine[i % n][i // n] for i in range(total)]
+
+
+def engine_front_ends(workers: int, engines: int) -> list[int]:
+    """How many media workers feed each engine process (worker i feeds engine i mod N)."""
+    return [len(range(k, workers, engines)) for k in range(engines)]
 
 
 # --- entry point -------------------------------------------------------------------------------------
@@ -908,33 +936,47 @@ def _main_with_workers(settings: Settings, workers: int) -> int:
     except StartupError as e:
         print(f"ttg serve: {e}", file=sys.stderr)
         return e.code
+    n_engines = min(settings.daemon.engines, workers)
+    if n_engines < settings.daemon.engines:
+        logger.warning(
+            "TTG_DAEMON__ENGINES=%d but %d media workers: running %d engine processes",
+            settings.daemon.engines, workers, n_engines,
+        )  # fmt: skip
+    engines: list[EngineProcess] = []
     with _bundle_view(settings, choice.dir) as (folder, back):
-        engine = EngineProcess(
-            folder,
-            settings.model.precision,
-            engine_config(settings),
-            front_ends=workers,
-            log_level=settings.log.level,
-        )
-        t0 = time.monotonic()
         try:
-            engine.start(timeout=ENGINE_START_TIMEOUT_S)
+            # One after the other: the first compiles what the accelerator needs (kernels go to a disk
+            # cache), the others find it there.
+            for k, front_ends in enumerate(engine_front_ends(workers, n_engines)):
+                engine = EngineProcess(
+                    folder,
+                    settings.model.precision,
+                    engine_config(settings),
+                    front_ends=front_ends,
+                    log_level=settings.log.level,
+                )
+                engines.append(engine)
+                t0 = time.monotonic()
+                engine.start(timeout=ENGINE_START_TIMEOUT_S)
+                logger.info(
+                    "model %s loaded from %s in %.1f s by the engine process %s (%d of %d)",
+                    choice.name, choice.dir, time.monotonic() - t0, engine.pid, k + 1, n_engines,
+                )  # fmt: skip
         except EngineStoppedError as e:
-            engine.close()
-            kind, message = engine.start_error or ("", str(e))
+            for other in engines:
+                other.kill()
+                other.close()
+            kind, message = engines[-1].start_error or ("", str(e))
             if kind == "BundleError":
                 print(f"ttg serve: cannot load the model bundle: {back(message)}", file=sys.stderr)
                 return EXIT_CONFIG
             print(f"ttg serve: the ASR engine process did not start: {back(message)}", file=sys.stderr)
             return EXIT_FAILURE
         except KeyboardInterrupt:
-            engine.kill()
-            engine.close()
+            for other in engines:
+                other.kill()
+                other.close()
             print("ttg serve: interrupted while loading the model", file=sys.stderr)
             return 130
-        logger.info(
-            "model %s loaded from %s in %.1f s by the engine process %s",
-            choice.name, choice.dir, time.monotonic() - t0, engine.pid,
-        )  # fmt: skip
-        daemon = Daemon(settings, None, choice, engine_process=engine)
+        daemon = Daemon(settings, None, choice, engine_processes=engines)
         return _run_loop(daemon.run, settings.daemon.uvloop)

@@ -87,15 +87,23 @@ class DeviceDecoder:
 
     def alloc(self) -> int:
         """A slot for a new stream, its predictor primed with blank."""
-        if not self._free:
+        return self.alloc_many(1)[0]
+
+    def alloc_many(self, n: int) -> list[int]:
+        """Slots for n new streams, primed with one scatter per pool (a step's joins at once: one
+        scatter each would chain n updates of the same pools into the next step's graph)."""
+        while len(self._free) < n:
             self._grow(2 * self._capacity)
-        slot = heapq.heappop(self._free)
-        idx = mx.array([slot], dtype=mx.int32)
-        self._g[idx] = self._g0[None]
-        self._h[:, idx] = self._h0[:, None]
-        self._c[:, idx] = self._c0[:, None]
-        self._frames[slot] = 0
-        return slot
+        slots = [heapq.heappop(self._free) for _ in range(n)]
+        if not slots:
+            return slots
+        idx = mx.array(slots, dtype=mx.int32)
+        self._g[idx] = mx.broadcast_to(self._g0[None], (n, self.width))
+        self._h[:, idx] = mx.broadcast_to(self._h0[:, None], (self.layers, n, self.hidden))
+        self._c[:, idx] = mx.broadcast_to(self._c0[:, None], (self.layers, n, self.hidden))
+        for slot in slots:
+            self._frames[slot] = 0
+        return slots
 
     def release(self, slot: int) -> None:
         if self._frames.pop(slot, None) is None:

@@ -79,7 +79,7 @@ class WorkerLegs:
         self.pool = pool
         self.spec = spec
         self.hooks = hooks
-        self.status: dict[str, Any] = {}
+        self._status: dict[int, dict[str, Any]] = {}  # per engine process
         self._calls: dict[str, dict[str, _Leg]] = {}
         self._by_key: dict[int, _Leg] = {}
         self._by_id: dict[str, _Leg] = {}
@@ -192,8 +192,22 @@ class WorkerLegs:
 
     # -- what comes back -------------------------------------------------------------------------
 
-    def on_results(self, outputs: Sequence[Any]) -> None:
-        """Records of the engine's results channel (on the loop)."""
+    @property
+    def status(self) -> dict[str, Any]:
+        """The engines' last STATUS records as one: the largest lag and batching wait, summed counts."""
+        parts = list(self._status.values())
+        if len(parts) <= 1:
+            return dict(parts[0]) if parts else {}
+        return {
+            "active_streams": sum(p.get("active_streams", 0) for p in parts),
+            "queued_chunks": sum(p.get("queued_chunks", 0) for p in parts),
+            "lag_s": max(p.get("lag_s", 0.0) for p in parts),
+            "max_wait_ms": max(p.get("max_wait_ms", 0.0) for p in parts),
+            "failed": any(p.get("failed", False) for p in parts),
+        }
+
+    def on_results(self, outputs: Sequence[Any], engine: int = 0) -> None:
+        """Records of engine process `engine`'s results channel (on the loop)."""
         hooks = self.hooks
         for out in outputs:
             if isinstance(out, Event):
@@ -215,7 +229,7 @@ class WorkerLegs:
             elif isinstance(out, Dropped):
                 hooks.chunk_dropped("")
             elif isinstance(out, Status):
-                self.status = out.values
+                self._status[engine] = out.values
 
     def engine_died(self, error: str) -> None:
         """The engine process is gone: every open stream ends with an error."""

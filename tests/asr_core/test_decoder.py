@@ -532,3 +532,21 @@ def test_device_decoder_refuses_unknown_and_repeated_slots(graphs: RnntGraphs) -
     with pytest.raises(ValueError, match="not allocated"):
         device.release(a)
     assert device.decode([], []) == []
+
+
+def test_slots_allocated_together_start_primed_like_one_at_a_time(graphs: RnntGraphs) -> None:
+    """A step's joins get their slots in one scatter; a reused slot forgets its old stream."""
+    from asr_core.decoder.device import DeviceDecoder
+
+    device = DeviceDecoder(graphs.weights(), TINY.blank_id, max_symbols=3, capacity=2)
+    old = device.alloc()
+    device.decode([old], [3 * _frames(6, 90)])  # moves the slot's state away from the primed one
+    device.release(old)
+    many = device.alloc_many(3)  # reuses `old`, grows the pools for the rest
+    assert old in many and device.capacity >= 4
+    single = device.alloc()
+    probe = 3 * _frames(5, 91)
+    want = [(e.token, e.frame) for e in device.decode([single], [probe], [0])[0]]
+    assert want  # the probe emits
+    for slot in many:
+        assert [(e.token, e.frame) for e in device.decode([slot], [probe], [0])[0]] == want

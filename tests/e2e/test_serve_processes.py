@@ -133,3 +133,33 @@ async def test_the_engine_process_dying_ends_every_call_and_exits_1(
     for events in report.calls.values():
         assert (events[-1]["reason"], events[-1]["asr"]) == ("error", "error"), events[-1]
     assert "ASR engine failed" in gw.log()
+
+
+async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cleanly(
+    tiny_bundle: Path, redis_url: str, short_speech: Speech, tmp_path: Path
+) -> None:
+    """TTG_DAEMON__ENGINES=2: worker i feeds engine i mod 2, so the calls spread over both engines'
+    encoder threads; every call gets its finals and call_end, and SIGTERM drains both (exit 0)."""
+    gw = Serve(tmp_path / "serve", bundle=tiny_bundle, redis_url=redis_url, mode="media_workers",
+               env={"TTG_DAEMON__SHUTDOWN_GRACE_S": "0", "TTG_DAEMON__ENGINES": "2"})  # fmt: skip
+    try:
+        await asyncio.to_thread(gw.start)
+        engines = [pid for pid, cmd in _children(gw.pid).items() if "asr_core.host" in cmd]
+        assert len(engines) == 2, gw.log_tail()
+        callers = _callers(gw, short_speech, tmp_path / "callers", 4)
+        await until(_talking(redis_url, 4), "4 calls transcribing", timeout_s=60, detail=gw.log_tail)
+        gw.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
+        await callers
+    finally:
+        gw.stop(timeout_s=20.0)
+    entries = read_stream(redis_url, STREAM)
+    report = audit(entries, ended=[f["call_id"] for _, f in entries if f["type"] == "call_start"])
+    assert not report.problems, report.problems
+    assert len(report.calls) == 4
+    for events in report.calls.values():
+        assert any(f["type"] == "final" and f["text"] for f in events), events
+        assert events[-1]["reason"] == "shutdown", events[-1]
+    # Each engine process reports its own steps when it stops: both encoded calls.
+    stepped = [line for line in gw.log().splitlines() if "asr_core.engine: encoder: " in line]
+    assert len(stepped) >= 2, stepped

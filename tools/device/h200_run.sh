@@ -82,7 +82,7 @@ gateway)
   tail -c 300000 /tmp/gw/serve.log > "$OUT/serve.log"
   stamp "gateway levels done"
   # The one-process model on CUDA too: start, one short call, SIGTERM; exit status and abort marks.
-  python3 -m gateway.cli bench gateway --levels 1 --call-seconds 3 --audio "$KIT_AUDIO" \
+  [ "${ONE_PROCESS:-1}" = 1 ] && python3 -m gateway.cli bench gateway --levels 1 --call-seconds 3 --audio "$KIT_AUDIO" \
     --redis-server "$KIT_REDIS" --env TTG_MODEL__DIR=/tmp/full --env TTG_DAEMON__MEDIA_WORKERS=0 \
     --env TTG_ENCODER__MAX_BATCH=8 --sip-port 5062 --http-port 9110 --redis-port 6381 \
     --rtp-ports 20000-20999 --replay-rtp-ports 21000-21999 --out /tmp/gw1 > /tmp/gw1.log 2>&1

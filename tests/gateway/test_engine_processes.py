@@ -1,0 +1,40 @@
+"""Several engine processes behind one gateway (TTG_DAEMON__ENGINES): which worker feeds which engine,
+and how their STATUS records read as one for admission and /readyz."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asr_core.wire import Status
+from gateway.daemon import engine_front_ends, worker_chunk_ends
+from gateway.workers.legs import WorkerLegs
+
+
+class _Pool:
+    on_event: Any = None
+    on_worker_died: Any = None
+
+
+def test_worker_i_feeds_engine_i_mod_n() -> None:
+    assert engine_front_ends(5, 2) == [3, 2]
+    assert engine_front_ends(4, 1) == [4]
+    ends = [[("e0", 0), ("e0", 1), ("e0", 2)], [("e1", 0), ("e1", 1)]]
+    assert worker_chunk_ends(ends) == [("e0", 0), ("e1", 0), ("e0", 1), ("e1", 1), ("e0", 2)]
+
+
+def test_the_engines_status_is_the_worst_lag_and_the_summed_counts() -> None:
+    legs = WorkerLegs(_Pool(), spec=None, hooks=None)  # type: ignore[arg-type]
+    assert legs.status == {}
+    one = {"active_streams": 3, "queued_chunks": 1, "lag_s": 0.2, "max_wait_ms": 30.0, "failed": False}
+    legs.on_results([Status(one)], engine=0)
+    assert legs.status == one
+    legs.on_results([Status({**one, "lag_s": 1.5, "active_streams": 4, "max_wait_ms": 10.0})], engine=1)
+    assert legs.status == {
+        "active_streams": 7,
+        "queued_chunks": 2,
+        "lag_s": 1.5,
+        "max_wait_ms": 30.0,
+        "failed": False,
+    }
+    legs.on_results([Status({**one, "lag_s": 0.1})], engine=1)  # the latest record of each engine counts
+    assert legs.status["lag_s"] == 0.2
