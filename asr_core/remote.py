@@ -117,8 +117,10 @@ class EngineProcess:
         chunk_channel_bytes: int = CHUNK_CHANNEL_BYTES,
         results_channel_bytes: int = RESULTS_CHANNEL_BYTES,
         env: dict[str, str] | None = None,
+        role: str = "engine",
     ) -> None:
         self.model_dir = str(model_dir)
+        self.role = role  # its name in process listings
         self.precision = precision
         self.config = config
         self.n_front_ends = front_ends
@@ -164,7 +166,7 @@ class EngineProcess:
             "--inputs", ",".join(e.encode() for e in engine_inputs),
             "--output", w.encode(),
             "--control", str(ctrl_there.fileno()),
-            "--log-level", self.log_level, "--role", "engine",
+            "--log-level", self.log_level, "--role", self.role,
         ]  # fmt: skip
         self.proc = subprocess.Popen(cmd, pass_fds=fds, env=self.env)
         ctrl_there.close()

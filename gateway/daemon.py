@@ -954,6 +954,7 @@ def _main_with_workers(settings: Settings, workers: int) -> int:
                     engine_config(settings),
                     front_ends=front_ends,
                     log_level=settings.log.level,
+                    role="engine" if n_engines == 1 else f"engine_{k}",
                 )
                 engines.append(engine)
                 t0 = time.monotonic()
