@@ -69,7 +69,7 @@ import numpy as np
 from asr_core._blas import limit_numpy_blas_threads, set_openblas_threads
 from asr_core.api import SAMPLE_RATE_HZ, AsrEvent, EventCallback, StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import EngineConfig
-from asr_core.errors import EngineStoppedError, StreamClosedError
+from asr_core.errors import EngineFullError, EngineStoppedError, StreamClosedError
 from asr_core.frontend import ChunkPayload, StreamFrontEnd
 from asr_core.hooks import EngineHooks, NullHooks
 from asr_core.model import (
@@ -173,6 +173,7 @@ class AsrEngine:
         self._device_slots: dict[int, int] = {}  # MLX thread only
         self._device_next: dict[int, int] = {}  # MLX thread only: first frame not decoded, per stream
         self._report = _StepReport(time.perf_counter() + _STEP_REPORT_S)  # MLX thread only
+        self._max_streams: int | None = None  # set by the MLX thread before the engine is ready
         self._ready = threading.Event()
         self._route: dict[int, int] = {}  # stream key -> its worker, until its _Done is sent
         self._workers: list[_DecoderWorker] = []
@@ -221,6 +222,12 @@ class AsrEngine:
     def failure(self) -> BaseException | None:
         """The error that stopped the MLX thread, if it failed."""
         return self._failure
+
+    @property
+    def max_streams(self) -> int | None:
+        """The most streams open at once (the encoder's device pools; None: no limit). Beyond it
+        `open_stream` raises `EngineFullError`: the caller's admission should stay below it."""
+        return self._max_streams
 
     @property
     def active_streams(self) -> int:
@@ -323,6 +330,8 @@ class AsrEngine:
         shared = stream.shared
         with self._lock:
             self._check_running()
+            if self._max_streams is not None and len(self._streams) >= self._max_streams:
+                raise EngineFullError(f"the engine holds its most streams ({self._max_streams})")
             shared.key = key = next(self._keys)
             shared.worker = worker = min(range(len(self._load)), key=self._load.__getitem__)
             self._load[worker] += 1
@@ -390,6 +399,7 @@ class AsrEngine:
     def _encoder_loop(self) -> None:
         try:
             self._encoder = self.model.create_encoder()
+            self._max_streams = getattr(self._encoder, "max_streams", None)
             if self.config.decoder.mode == "device":
                 self._device = self.model.new_device_decoder()
                 self._device.warmup()

@@ -20,3 +20,7 @@ class StreamClosedError(AsrError):
 
 class EngineStoppedError(AsrError):
     """The engine was shut down (or its encoder thread failed) while a stream still used it."""
+
+
+class EngineFullError(AsrError):
+    """The engine holds as many streams as its device pools may (`AsrEngine.max_streams`)."""

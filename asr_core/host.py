@@ -300,7 +300,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     host = EngineHost(engine, inputs, out)
     host.start()
-    info = {"precision": model.info.precision, "device": model.info.device, "pid": os.getpid()}
+    info = {
+        "precision": model.info.precision,
+        "device": model.info.device,
+        "pid": os.getpid(),
+        "max_streams": engine.max_streams,
+    }
     spec = model.frontend_spec(vad=config.vad if config.vad.enabled else None)
     _send(control, {"ready": spec.to_json(), "info": info})
     shutdown = _wait_for_shutdown(control)

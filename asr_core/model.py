@@ -295,6 +295,12 @@ class _EncoderAdapter:
             self._encoder.step([self._row(slot, mel, last, flush) for slot, mel, last, flush in rows])
         )
 
+    @property
+    def max_streams(self) -> int | None:
+        """The most streams the encoder's device pools may hold (None: no limit)."""
+        limit = self._encoder.max_streams
+        return None if limit is None else int(limit)
+
     def stats(self) -> dict[str, float]:
         """Running totals since warm-up: steps, compiled-function calls, seconds per phase of a step."""
         enc = self._encoder

@@ -609,6 +609,7 @@ class Daemon:
                 time.monotonic() - t0, s.decoder.workers, s.decoder.mode, s.encoder.max_batch,
             )  # fmt: skip
             legs = LocalLegs(self.engine, MediaManager.from_settings(s))
+        self._clamp_max_calls()
         self.frontend = TelephonyFrontEnd(
             FrontEndConfig.from_settings(s, model_name=self.choice.name),
             legs,
@@ -633,6 +634,23 @@ class Daemon:
             s.rtp.port_min, s.rtp.port_max, self.http.url, redact_url(s.redis.url), s.redis.stream,
             self.choice.name, type(asyncio.get_running_loop()).__module__.split(".")[0],
         )  # fmt: skip
+
+    def _clamp_max_calls(self) -> None:
+        """Keep admission below what the engines' device pools hold (`AsrEngine.max_streams`), so that
+        a call past it gets 503 + Retry-After rather than an ASR stream that cannot open."""
+        s = self.settings
+        if self.engine_processes:
+            workers = self.pool.alive if self.pool is not None else 0
+            limit = admission_limit([e.info.get("max_streams") for e in self.engine_processes], workers)
+        else:
+            limit = admission_limit([getattr(self.engine, "max_streams", None)], 0)
+        if limit is not None and s.sip.max_calls > limit:
+            logger.warning(
+                "TTG_SIP__MAX_CALLS=%d is more than the ASR engine%s can hold on this device (%d streams): "
+                "admitting at most %d (more engine processes hold more: TTG_DAEMON__ENGINES)",
+                s.sip.max_calls, "s" if len(self.engine_processes) > 1 else "", limit, limit,
+            )  # fmt: skip
+            s.sip.max_calls = limit
 
     async def _start_workers(self) -> Any:
         """The multi-process model: the media workers, fed by the engine process started in main()."""
@@ -856,6 +874,15 @@ class Daemon:
             if code != 0 and not self.readiness.engine_failed:
                 logger.error("the engine process %s exited with status %d", engine.pid, code)
                 self.exit_code = EXIT_FAILURE
+
+
+def admission_limit(engine_limits: Sequence[int | None], workers: int) -> int | None:
+    """The most calls the engines can hold (None: no limit): the sum of their stream limits, less one per
+    media worker (legs go to the least-loaded worker, so an engine may hold one more per worker than
+    its share)."""
+    if not engine_limits or any(x is None for x in engine_limits):
+        return None
+    return max(1, sum(x for x in engine_limits if x is not None) - workers)
 
 
 def worker_chunk_ends(per_engine: Sequence[Sequence[Any]]) -> list[Any]:

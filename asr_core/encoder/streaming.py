@@ -45,7 +45,10 @@ from asr_core.encoder.layers import (
     offline_forward,
     subsample,
 )
+from asr_core.errors import EngineFullError
 from asr_core.quant import Linear
+
+_MAX_POOL_ELEMENTS = 2**31 - 1  # see StreamingEncoder.max_streams
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +167,16 @@ class StreamingEncoder:
     def n_active(self) -> int:
         return len(self._streams)
 
+    @property
+    def max_streams(self) -> int | None:
+        """On a GPU, the most slots the pools may hold: every pool array stays below 2**31 elements.
+
+        Some of MLX's GPU kernels address an array with 32-bit offsets; the K|V pool is one array for all
+        layers, (layers, 1 + slots * Lc, 2D), and at full size passes 2**31 elements at 781 slots. A
+        CUDA run whose pools grew from 512 to 1,024 slots died there with "an illegal memory access"
+        (docs/benchmarks.md). None on the CPU, whose kernels index with 64 bits."""
+        return pool_stream_limit(self.cfg) if mx.default_device() == mx.gpu else None
+
     def alloc(self, prompt_id: int, lookahead: int) -> int:
         """A slot for a new stream with language prompt `prompt_id` and `lookahead` (frames)."""
         if not 0 <= prompt_id < self.cfg.num_prompts:
@@ -171,7 +184,10 @@ class StreamingEncoder:
         if lookahead not in self.cfg.supported_lookaheads:
             raise ValueError(f"lookahead {lookahead} not in {sorted(self.cfg.supported_lookaheads)}")
         if not self._free:
-            self._grow(2 * self._capacity)
+            limit = self.max_streams
+            if limit is not None and self._capacity >= limit:
+                raise EngineFullError(f"the encoder's pools hold their most streams ({limit})")
+            self._grow(2 * self._capacity if limit is None else min(limit, 2 * self._capacity))
         slot = heapq.heappop(self._free)
         self._streams[slot] = _Stream(prompt_id, lookahead)
         return slot
@@ -512,6 +528,12 @@ class StreamingEncoder:
         out = offline_forward(self.params, mx.array(mel), lookahead, prompt_id)
         mx.eval(out)
         return np.array(out)
+
+
+def pool_stream_limit(cfg: EncoderConfig) -> int:
+    """The most slots for which the K|V pool (layers, 1 + slots * Lc, 2D) stays below 2**31 elements."""
+    rows = _MAX_POOL_ELEMENTS // (cfg.num_hidden_layers * 2 * cfg.hidden_size)
+    return max(1, (rows - 1) // cfg.left_context_frames)
 
 
 def _subsample_step(

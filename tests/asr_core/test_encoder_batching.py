@@ -245,3 +245,19 @@ def test_short_last_chunks_share_the_regular_stack_call_with_the_same_frames(bun
     assert {len(c[-1][0]) for c in chunks[:3]} == {32, 13, 18}  # tails of three lengths, one full
     for mel, out in zip(mels, outs, strict=True):
         np.testing.assert_allclose(np.concatenate(out), solo(reference, mel, 3, 0), atol=TOL, rtol=0)
+
+
+def test_on_a_gpu_the_pools_stop_growing_below_2_to_the_31_elements() -> None:
+    """Some MLX GPU kernels index with 32 bits: at full size the one K|V pool of every layer passes
+    2**31 elements at 781 slots, so an engine holds at most 780 streams there (none on the CPU)."""
+    from asr_core.encoder.streaming import pool_stream_limit
+    from tools.bundle.spec import FULL
+
+    cfg = FULL.encoder_config()
+
+    def kv_elements(slots: int) -> int:
+        return cfg.num_hidden_layers * (1 + slots * cfg.left_context_frames) * 2 * cfg.hidden_size
+
+    limit = pool_stream_limit(cfg)
+    assert kv_elements(limit) < 2**31 <= kv_elements(limit + 1)
+    assert limit == 780

@@ -18,7 +18,7 @@ import pytest
 from asr_core.api import AsrEvent, StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import DecoderConfig, EndpointConfig, EngineConfig, SchedulerConfig
 from asr_core.engine import AsrEngine
-from asr_core.errors import EngineStoppedError, StreamClosedError
+from asr_core.errors import EngineFullError, EngineStoppedError, StreamClosedError
 from asr_core.transcript import Token
 from asr_core.vad import VadConfig
 
@@ -73,7 +73,10 @@ class FakeFrontEnd:
 class FakeEncoder:
     """Per slot: a running sum that every chunk updates; frames = f(state, chunk) per 8 mel frames."""
 
-    def __init__(self, fail_on_step: int | None = None, delay_s: float = 0.0) -> None:
+    def __init__(
+        self, fail_on_step: int | None = None, delay_s: float = 0.0, max_streams: int | None = None
+    ) -> None:
+        self.max_streams = max_streams
         self.slots: dict[int, list[float]] = {}
         self.free: list[int] = []
         self.next_slot = 0
@@ -489,3 +492,18 @@ def test_engine_warms_the_encoder_up_on_its_mlx_thread_before_accepting_streams(
     with AsrEngine(model, config(max_batch=24)):
         assert model.encoder.warmups == [(3, 24, 0)]
     assert model.encoder.thread_names == {"asr-encoder"}
+
+
+def test_an_engine_whose_pools_are_full_refuses_new_streams_until_one_ends() -> None:
+    with AsrEngine(FakeModel(FakeEncoder(max_streams=2)), config()) as eng:
+        assert eng.max_streams == 2
+        first, second = Collector(), Collector()
+        a = eng.open_stream("a", StreamOptions(), first)
+        eng.open_stream("b", StreamOptions(), second)
+        with pytest.raises(EngineFullError, match="most streams"):
+            eng.open_stream("c", StreamOptions(), Collector())
+        a.close()
+        assert first.ended.reason == "closed"
+        third = Collector()
+        eng.open_stream("c", StreamOptions(), third).finish()
+        assert third.ended.reason == "finished"

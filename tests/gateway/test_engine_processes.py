@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from asr_core.wire import Status
-from gateway.daemon import engine_front_ends, worker_chunk_ends
+from gateway.daemon import admission_limit, engine_front_ends, worker_chunk_ends
 from gateway.workers.legs import WorkerLegs
 
 
@@ -38,3 +38,10 @@ def test_the_engines_status_is_the_worst_lag_and_the_summed_counts() -> None:
     }
     legs.on_results([Status({**one, "lag_s": 0.1})], engine=1)  # the latest record of each engine counts
     assert legs.status["lag_s"] == 0.2
+
+
+def test_admission_stays_below_what_the_engines_device_pools_hold() -> None:
+    assert admission_limit([None], 0) is None  # a CPU engine: no limit
+    assert admission_limit([780], 0) == 780  # one process
+    assert admission_limit([780, 780], 8) == 1552  # two engines behind 8 workers: a leg of slack each
+    assert admission_limit([780, None], 8) is None
