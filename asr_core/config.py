@@ -126,11 +126,6 @@ class EngineConfig:
     # a CPU; None leaves them as the process has them. A step's matmuls are small (a few rows per
     # call), so more threads mostly spin on cores that the calls' audio and signalling need.
     cpu_threads: int | None = None
-    # The interpreter's switch interval (sys.setswitchinterval), set when the engine starts; None leaves
-    # Python's 5 ms. After each step's kernels the MLX thread needs the interpreter lock back, and a
-    # thread holding it may keep it for up to this long; a busy engine process (chunks in, events out)
-    # then stretches every step by several such waits.
-    switch_interval_ms: float | None = None
 
 
 def engine_config_to_json(config: EngineConfig) -> dict[str, Any]:

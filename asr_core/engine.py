@@ -57,7 +57,6 @@ import copy
 import itertools
 import logging
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -190,8 +189,6 @@ class AsrEngine:
         limit_numpy_blas_threads()  # the streams' front ends: small matmuls, one thread each (see _blas)
         if self.config.cpu_threads is not None:
             set_openblas_threads(self.config.cpu_threads)  # the encoder's matmuls on a CPU
-        if self.config.switch_interval_ms is not None:
-            sys.setswitchinterval(self.config.switch_interval_ms / 1000)
         mode = self.config.decoder.mode
         for i in range(self.config.decoder.workers):
             dec: StreamDecoder | BatchDecoder | None = None

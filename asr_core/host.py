@@ -313,7 +313,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine.shutdown(drain=bool(shutdown.get("drain", True)), timeout=float(shutdown.get("timeout", 10.0)))
     out.stop()
     del engine, model
-    release_mlx_thread()
+    try:
+        release_mlx_thread()
+    except RuntimeError as e:  # the device failed earlier (the fatal error was reported): one line
+        logger.error("releasing the accelerator failed: %s", e)
+        fatal.set()
     _send(control, {"stopped": True, "records": host.records})
     return 1 if fatal.is_set() else 0
 

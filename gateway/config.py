@@ -85,12 +85,6 @@ class EncoderSettings(BaseModel):
         description="Threads of the encoder's matmuls on a CPU (OpenBLAS); more shorten one step but spin "
         "on the cores the calls need",
     )
-    switch_interval_ms: float = Field(
-        5.0,
-        gt=0,
-        description="Interpreter switch interval of the engine (ms): the longest the MLX thread waits for "
-        "the interpreter lock after a step's kernels while another thread holds it",
-    )
 
 
 class DecoderSettings(BaseModel):

@@ -405,7 +405,6 @@ def engine_config(s: Settings) -> EngineConfig:
     vad_energy_db = s.asr.endpoint_energy_db if s.asr.endpoint_energy_db < 0.0 else VadConfig().energy_db
     return EngineConfig(
         cpu_threads=s.encoder.cpu_threads,
-        switch_interval_ms=s.encoder.switch_interval_ms,
         scheduler=SchedulerConfig(
             max_batch=s.encoder.max_batch,
             max_wait_ms=s.encoder.max_wait_ms,
