@@ -56,8 +56,11 @@ async def options_over(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
 
 
 async def closed_by_peer(reader: asyncio.StreamReader, within_s: float = 3.0) -> bool:
+    """The gateway closed the connection: EOF, or a reset (what a write after its close earns)."""
     try:
         return await asyncio.wait_for(reader.read(), within_s) == b""
+    except ConnectionResetError:
+        return True
     except (ConnectionError, TimeoutError):
         return False
 
