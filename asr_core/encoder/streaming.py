@@ -14,8 +14,9 @@ Row 0 of every pool is zeros and is never written: a fresh stream gathers it for
 frame yet (they are masked anyway; zeros keep them finite).
 
 `step(rows)` groups rows by subsampling shape (mel frames, first, last), runs the conformer stack
-once per padded length T (rows of different lookaheads, languages, first/later chunks and short last
-chunks share it; a flush of two chunks has its own), and evaluates everything with one `mx.eval`.
+once per padded length T (rows of different lookaheads, languages, first/later chunks, short last
+chunks and the two chunks of a flush share it; only a flush at a stream's first chunk has a call of its
+own), and evaluates everything with one `mx.eval`.
 The pool writes of a step are applied lazily at the start of the next one: an MLX scatter can reuse
 the pool's buffer in place only when no gather of the same graph still references it, and deferring
 the writes guarantees exactly that.
@@ -172,9 +173,8 @@ class StreamingEncoder:
         """On a GPU, the most slots the pools may hold: every pool array stays below 2**31 elements.
 
         Some of MLX's GPU kernels address an array with 32-bit offsets; the K|V pool is one array for all
-        layers, (layers, 1 + slots * Lc, 2D), and at full size passes 2**31 elements at 781 slots. A
-        CUDA run whose pools grew from 512 to 1,024 slots died there with "an illegal memory access"
-        (docs/benchmarks.md). None on the CPU, whose kernels index with 64 bits."""
+        layers, (layers, 1 + slots * Lc, 2D), and at full size passes 2**31 elements at 781 slots, where
+        CUDA fails with "an illegal memory access" (docs/benchmarks.md). None on the CPU."""
         return pool_stream_limit(self.cfg) if mx.default_device() == mx.gpu else None
 
     def alloc(self, prompt_id: int, lookahead: int) -> int:
@@ -238,10 +238,11 @@ class StreamingEncoder:
         pieces: list[list[np.ndarray]] = [[] for _ in rows]
         J = self.cfg.output_size
 
-        # Stack calls by padded length: a row's own chunk length, or more for a flush of several
-        # chunks. A short last chunk rides in its stream's regular call, padded behind its frames and
-        # masked (`_stack_meta`), so a step makes one stack call per length instead of one per length
-        # of last chunk; the causal convolution never reads the padding, and no query sees it.
+        # Stack calls by padded length: a row's own chunk length, or more for a flush of several chunks
+        # at a stream's first (`_chain_flushes` splits the others). A short last chunk rides in its
+        # stream's regular call, padded behind its frames and masked (`_stack_meta`), so a step makes
+        # one stack call per length instead of one per length of last chunk; the causal convolution
+        # never reads the padding, and no query sees it.
         by_t: dict[int, list[tuple[list[_Row], mx.array]]] = {}
         for key, group in _group(planned, lambda r: (r.mel.shape[0], r.first, r.last)).items():
             n, first, last = key
