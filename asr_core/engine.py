@@ -498,17 +498,15 @@ class AsrEngine:
     ) -> list[_Decoded]:
         """Decode a step's chunks on the device (the reconciliation rule of the module docstring
         applied here, where the stream's committed decoder state lives): each from its first frame
-        not decoded yet to its last frame due; then each flush's padding from a copy of its state."""
+        not decoded yet, its state committed after its last frame due, and a flush on through its
+        padding from that state in the same pass."""
         t0 = time.perf_counter()
         skips = [min(_frames_due(c), max(0, self._device_next[c.key] - c.first_frame)) for c in chunks]
         # One pass: each chunk's due frames, committed, then a flush's padding from that state, kept
         # nowhere (the device decoder's commit point).
         emitted = device.decode(
             [self._device_slots[c.key] for c in chunks],
-            [
-                c.frames[k:] if c.flush else c.frames[k : _frames_due(c)]
-                for c, k in zip(chunks, skips, strict=True)
-            ],
+            [c.frames[k:] for c, k in zip(chunks, skips, strict=True)],  # a chunk's frames are all due
             [c.first_frame + k for c, k in zip(chunks, skips, strict=True)],
             commit_frames=[_frames_due(c) - k for c, k in zip(chunks, skips, strict=True)],
         )

@@ -990,9 +990,7 @@ def _main_with_workers(settings: Settings, workers: int) -> int:
                     choice.name, choice.dir, time.monotonic() - t0, engine.pid, k + 1, n_engines,
                 )  # fmt: skip
         except EngineStoppedError as e:
-            for other in engines:
-                other.kill()
-                other.close()
+            _kill_all(engines)
             kind, message = engines[-1].start_error or ("", str(e))
             if kind == "BundleError":
                 print(f"ttg serve: cannot load the model bundle: {back(message)}", file=sys.stderr)
@@ -1000,10 +998,15 @@ def _main_with_workers(settings: Settings, workers: int) -> int:
             print(f"ttg serve: the ASR engine process did not start: {back(message)}", file=sys.stderr)
             return EXIT_FAILURE
         except KeyboardInterrupt:
-            for other in engines:
-                other.kill()
-                other.close()
+            _kill_all(engines)
             print("ttg serve: interrupted while loading the model", file=sys.stderr)
             return 130
         daemon = Daemon(settings, None, choice, engine_processes=engines)
         return _run_loop(daemon.run, settings.daemon.uvloop)
+
+
+def _kill_all(engines: Sequence[Any]) -> None:
+    """A start that failed half-way: the engine processes started so far go, with their channels."""
+    for engine in engines:
+        engine.kill()
+        engine.close()

@@ -188,11 +188,8 @@ class DeviceDecoder:
         feats = mx.array(padded, dtype=self.dtype)
         lens, kept_len = mx.array(len_rows), mx.array(keep_rows)
         g, h, c = self._g[idx], self._h[:, idx], self._c[:, idx]
-        kept: list[mx.array] = [
-            g,
-            h,
-            c,
-        ]  # each row's state after its first keep frames: the start until it gets there
+        # Each row's state after its first `keep` frames: its start state until it gets there.
+        kept: list[mx.array] = [g, h, c]
         t = mx.zeros((bp,), dtype=mx.int32)
         sym = mx.zeros((bp,), dtype=mx.int32)
         rows = mx.arange(bp)

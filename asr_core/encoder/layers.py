@@ -479,17 +479,11 @@ def head(p: EncoderParams, x: mx.array, prompt_ids: mx.array) -> mx.array:
     return (linear(z, hp.w_proj) + hp.b_proj).astype(mx.float32)
 
 
-def streaming_mask(
-    valid: mx.array, Lc: int, T: int, dtype: mx.Dtype, seen: mx.array | None = None
-) -> mx.array:
-    """(B, 1, 1, Lc + T) additive mask: the oldest Lc - valid cache slots hold no frame yet.
-
-    With `seen` (B, T), the new frames hold several chunks (a flush's padding): per query, `valid`
-    (B, T) cache slots and the first `seen` new frames are visible, (B, 1, T, Lc + T)."""
+def streaming_mask(valid: mx.array, Lc: int, T: int, dtype: mx.Dtype, seen: mx.array) -> mx.array:
+    """(B, 1, T, Lc + T) additive mask: per query, the newest `valid` (B, T) of the Lc cache slots
+    (the older ones hold no frame yet, or lie beyond its chunk's left context) and the first `seen`
+    (B, T) new frames (its chunk's end, or the row's last real frame) are visible."""
     k = mx.arange(Lc + T)
-    if seen is None:
-        empty = k[None, :] < (Lc - valid)[:, None]
-        return mx.where(empty, mx.array(-np.inf, dtype), mx.array(0, dtype))[:, None, None, :]
     ok = (k[None, None, :] >= (Lc - valid)[:, :, None]) & (k[None, None, :] < Lc + seen[:, :, None])
     return mx.where(ok, mx.array(0, dtype), mx.array(-np.inf, dtype))[:, None]
 
@@ -501,14 +495,14 @@ def encoder_stack(
     conv_cache: mx.array,
     valid: mx.array,
     prompt_ids: mx.array,
-    seen: mx.array | None = None,
+    seen: mx.array,
     chain: tuple[mx.array, mx.array] | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """All conformer layers plus the head for B rows of T frames (one streaming step).
 
     kv_cache (layers, B, Lc, 2D) and conv_cache (layers, B, K-1, D) are the rows' gathered caches.
-    `seen`: per-query visibility of rows holding several chunks (`streaming_mask`). `chain`: rows that
-    continue another row of the call (`chain_indices`).
+    `valid`, `seen`: per-query visibility (`streaming_mask`). `chain`: rows that continue another row
+    of the call (`chain_indices`).
     Returns frames (B, T, J) float32, new K|V (layers, B, T, 2D) and new conv caches (layers, ...).
     """
     cfg = p.cfg

@@ -333,11 +333,11 @@ class StreamingEncoder:
         a call of its own; flushes of a stream's first chunk or of more chunks keep their own call."""
         out: list[_Row] = []
         for r in planned:
-            chunk = r.stream.lookahead + 1
-            later = self._chunk_size(r.stream.lookahead, False)
-            if not (r.flush and not r.first and r.mel.shape[0] == 2 * later):
+            later = self._chunk_size(r.stream.lookahead, False) if r.flush and not r.first else 0
+            if not later or r.mel.shape[0] != 2 * later:
                 out.append(r)
                 continue
+            chunk = r.stream.lookahead + 1
             lead = _Row(r.index, r.slot, r.stream, r.mel[:later], False, False, chunk, True)
             out += [
                 lead,
