@@ -66,7 +66,7 @@ gateway)
         stamp "profiling the engine process $pid"
         "$spy" record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/all.raw" --threads --idle > /tmp/spy1.log 2>&1
         "$spy" record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/gil.raw" --threads --gil > /tmp/spy2.log 2>&1
-        tail -2 /tmp/spy1.log /tmp/spy2.log
+        tail -n 2 /tmp/spy1.log /tmp/spy2.log
       else
         echo "no profile: engine pid '$pid', py-spy '$spy'"
       fi
