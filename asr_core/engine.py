@@ -433,7 +433,7 @@ class AsrEngine:
             self._fail(e)
         finally:
             if self._encoder is not None:
-                self._report.log(time.perf_counter(), self._encoder)
+                self._report.log(time.perf_counter(), self._encoder, self._device)
             self._release_device()
 
     def _release_device(self) -> None:
@@ -484,7 +484,7 @@ class AsrEngine:
         self.hooks.encoder_step(seconds, len(rows), [r.queue_wait_s for r in plan.rows])
         self._report.rows += len(rows)
         if t0 >= self._report.due:
-            self._report.log(t0, encoder)
+            self._report.log(t0, encoder, device)
         items: list[Any] = list(chunks)
         if device is not None and chunks:
             items = self._decode_on_device(device, chunks)
@@ -553,22 +553,33 @@ class _StepReport:
     last: dict[str, float] = field(default_factory=dict)
     since: float = field(default_factory=time.perf_counter)
 
-    def log(self, now: float, encoder: EncoderBackend) -> None:
+    def log(self, now: float, encoder: EncoderBackend, device: DeviceDecoderBackend | None) -> None:
         self.due = now + _STEP_REPORT_S
         stats = getattr(encoder, "stats", None)
         totals: dict[str, float] = stats() if stats is not None else {}
+        if device is not None:
+            totals.update({f"decoder_{k}": v for k, v in device.stats().items()})
         d = {k: v - self.last.get(k, 0.0) for k, v in totals.items()}
         steps = d.get("step", 0.0)
         if steps:
             logger.info(
                 "encoder: %d steps in %.0f s, %.1f rows/step; calls/step: %.2f subsampling, %.2f stack, "
-                "%.2f untraced; ms/step: plan %.1f, graph %.1f, eval %.1f, copy %.1f, decode %.1f",
+                "%.2f untraced; ms/step: plan %.1f, graph %.1f, eval %.1f, copy %.1f, decode %.1f%s",
                 steps, now - self.since, self.rows / steps, d.get("sub", 0.0) / steps,
                 d.get("stack", 0.0) / steps, d.get("untraced", 0.0) / steps,
                 *(1e3 * d.get(f"{k}_s", 0.0) / steps for k in ("plan", "graph", "eval", "copy")),
-                1e3 * self.decode_s / steps,
+                1e3 * self.decode_s / steps, _decoder_rates(d),
             )  # fmt: skip
         self.last, self.rows, self.decode_s, self.since = totals, 0, 0.0, now
+
+
+def _decoder_rates(d: dict[str, float]) -> str:
+    """The device decoder's share of the step report: iterations and syncs per decode call."""
+    calls = d.get("decoder_decodes", 0.0)
+    if not calls:
+        return ""
+    its, syncs = d.get("decoder_iterations", 0.0) / calls, d.get("decoder_syncs", 0.0) / calls
+    return f" ({its:.1f} iterations, {syncs:.2f} syncs per decode)"
 
 
 class _StreamHandle:

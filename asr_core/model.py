@@ -68,6 +68,10 @@ class DeviceDecoderBackend(Protocol):
 
     def release(self, slot: int) -> None: ...
 
+    def stats(self) -> dict[str, float]:
+        """Running totals: decode calls, label-looping iterations queued, host syncs."""
+        ...
+
     def decode(
         self,
         slots: Sequence[int],
@@ -377,6 +381,10 @@ class _DeviceDecoderAdapter:
 
     def release(self, slot: int) -> None:
         self._dec.release(slot)
+
+    def stats(self) -> dict[str, float]:
+        d = self._dec
+        return {"decodes": d.decodes, "iterations": d.iterations, "syncs": d.syncs}
 
     def decode(
         self,

@@ -3,18 +3,19 @@
 `DeviceDecoder` keeps each stream's predictor state (g, h, c) in a slot of device-resident pools, like
 the encoder's caches, and decodes the chunks of one encoder step in one label-looping pass:
 
-    per iteration, for all B rows at once (rows that ran out of frames are masked):
-        k = argmax(joint(frame[t], g))            one (B, J) x (J, V) GEMM + argmax
-        emit = active and k != blank
-        g, h, c = where(emit, LSTM(k, h, c), (g, h, c))
-        t += 1 where not emit, or where the row emitted max_symbols on this frame
+    per iteration, for all B rows at once (rows with no frame left are masked):
+        ids[u] = argmax(joint(frame[u], g)) for every frame u of the row    one (B*T, J) x (J, V) GEMM
+        u = the row's first frame >= t whose id is not blank (none: the row is done)
+        emit k = ids[u] at frame u; g, h, c = LSTM(k, h, c)
+        t = u, or u + 1 once the row emitted max_symbols on frame u
 
-which is exactly the per-stream greedy rule (greedy.py), so the tokens are those of `GreedyDecoder`
-(up to float rounding in the joint: ties between two logits are the only way they can differ). The
-host does not look at the results between iterations: every row needs at least T iterations, so T
-of them are queued at once; then one sync asks whether a row still emits, and more are queued, twice
-as many each time, until none does (a few syncs even when a row emits max_symbols on every frame).
-Tokens, their frames and the new states come back in one transfer.
+which is exactly the per-stream greedy rule (greedy.py): between two emissions the predictor state does
+not change, so the blank frames the rule steps over one by one are all judged by the same g, and one
+iteration may pass them together. The tokens are those of `GreedyDecoder` (up to float rounding in the
+joint: ties between two logits are the only way they can differ), and a row needs one iteration per
+token it emits and one more, not one per frame as well. The host does not look at the results between
+iterations: as many are queued at once as the last decodes needed, then one sync fetches the tokens
+together with whether a row still emits; only then are more queued (twice as many each time).
 
 Why on the device: the joint (640 x 13 088 at full size) is 99 % of the arithmetic, ~0.4 TFLOP/s
 at 2,000 calls: several CPU cores, or a rounding error of an H200's time next to the encoder.
@@ -77,6 +78,10 @@ class DeviceDecoder:
         self._capacity = 0
         self._free: list[int] = []
         self._frames: dict[int, int] = {}  # slot -> frames consumed (host)
+        # Iterations queued before the first sync: what the last decodes needed (decays by one a call).
+        self._expect = 2
+        # Running totals for the engine's step report: decode calls, iterations queued, host syncs.
+        self.decodes = self.iterations = self.syncs = 0
         self._grow(max(1, capacity))
 
     # -- slots -----------------------------------------------------------------------------------
@@ -192,44 +197,45 @@ class DeviceDecoder:
         kept: list[mx.array] = [g, h, c]
         t = mx.zeros((bp,), dtype=mx.int32)
         sym = mx.zeros((bp,), dtype=mx.int32)
-        rows = mx.arange(bp)
-        ks: list[mx.array] = []
-        ps: list[mx.array] = []
-        emits: list[mx.array] = []
-        ts: list[mx.array] = []
-        budget = t_max * (self.max_symbols + 1)  # every row is done after this many iterations
-        queued = 0
-        want = t_max
-        extra = 2
+        queue: list[list[mx.array]] = [[], [], [], []]  # per iteration: token, prob, emitted, frame
+        host: list[np.ndarray] = []
+        budget = t_max * self.max_symbols + 1  # every row is done after this many iterations
+        want, extra, queued = min(budget, self._expect), 2, 0
         while True:
-            while queued < min(want, budget):
-                k, p, emit, t_now, t, sym, g, h, c, *kept = self._step(
-                    feats, lens, kept_len, rows, t, sym, g, h, c, *kept
+            for _ in range(want - queued):
+                k, p, emit, u, t, sym, g, h, c, *kept = self._step(
+                    feats, lens, kept_len, t, sym, g, h, c, *kept
                 )
-                ks.append(k)
-                ps.append(p)
-                emits.append(emit)
-                ts.append(t_now)
-                queued += 1
-            if queued >= budget:
-                break
+                for q, x in zip(queue, (k, p, emit, u), strict=True):
+                    q.append(x)
+            queued = want
+            # One sync fetches this round's tokens and whether a row still has frames to judge.
+            stacked = [mx.stack(x[len(host[0]) if host else 0 :]) for x in queue]
             busy = mx.any(t < lens)
-            mx.eval(busy)  # mx.eval lets go of the interpreter lock while the device works
-            if not busy.item():
+            mx.eval(busy, *stacked)  # mx.eval lets go of the interpreter lock while the device works
+            self.syncs += 1
+            part = [np.array(x) for x in stacked]
+            host = part if not host else [np.concatenate([a, b]) for a, b in zip(host, part, strict=True)]
+            if queued >= budget or not busy.item():
                 break
-            want = queued + extra
+            want = min(budget, queued + extra)
             extra *= 2
+        self.iterations += queued
+        self.decodes += 1
         if commit:
             real = idx[:n]
             self._g[real] = kept[0][:n]
             self._h[:, real] = kept[1][:, :n]
             self._c[:, real] = kept[2][:, :n]
-        stacked = [mx.stack(x) for x in (ks, ps, emits, ts)]
-        mx.eval(*stacked, self._g, self._h, self._c)
-        k_host, p_host, e_host, t_host = (np.array(x) for x in stacked)
+            mx.async_eval(self._g, self._h, self._c)
+        k_host, p_host, e_host, u_host = host
+        # Iterations the rows needed: up to the last that emitted, and one that found nothing more.
+        busy_its = np.nonzero(e_host[:, :n].any(axis=1))[0]
+        needed = int(busy_its[-1]) + 2 if busy_its.size else 1
+        self._expect = max(needed, self._expect - 1)
         base = list(first_frames) if first_frames is not None else [self._frames[s] for s in slots]
         for it, r in zip(*np.nonzero(e_host[:, :n]), strict=True):
-            out[r].append(Emission(int(k_host[it, r]), base[r] + int(t_host[it, r]), float(p_host[it, r])))
+            out[r].append(Emission(int(k_host[it, r]), base[r] + int(u_host[it, r]), float(p_host[it, r])))
         if commit:
             for s, length in zip(slots, keep.tolist(), strict=True):
                 self._frames[s] += length
@@ -240,7 +246,6 @@ class DeviceDecoder:
         feats: mx.array,
         lens: mx.array,
         kept_len: mx.array,
-        rows: mx.array,
         t: mx.array,
         sym: mx.array,
         g: mx.array,
@@ -250,26 +255,35 @@ class DeviceDecoder:
         h_kept: mx.array,
         c_kept: mx.array,
     ) -> tuple[mx.array, ...]:
-        active = t < lens
-        f = feats[rows, mx.minimum(t, feats.shape[1] - 1)]
-        logits = self.net.joint(f, g).astype(mx.float32)
-        k = mx.argmax(logits, axis=1).astype(mx.int32)
-        p = mx.exp(mx.max(logits, axis=1) - mx.logsumexp(logits, axis=1))  # the winner's probability
-        emit = active & (k != self.blank_id)
+        """One emission (or none) per row: the first frame from t on whose token is not blank."""
+        bp, tb = feats.shape[0], feats.shape[1]
+        logits = self.net.joint(feats, g[:, None])  # (B, T, V): every frame judged by the row's g
+        frame = mx.arange(tb, dtype=mx.int32)[None]
+        judged = (frame >= t[:, None]) & (frame < lens[:, None])
+        nonblank = judged & (mx.argmax(logits, axis=2) != self.blank_id)
+        u = mx.min(mx.where(nonblank, frame, tb), axis=1).astype(mx.int32)  # tb: no token left
+        emit = u < lens
+        at = mx.minimum(u, tb - 1)
+        chosen = logits[mx.arange(bp), at].astype(mx.float32)  # (B, V): the logits at frame u
+        k = mx.argmax(chosen, axis=1).astype(mx.int32)
+        p = mx.exp(mx.max(chosen, axis=1) - mx.logsumexp(chosen, axis=1))  # the winner's probability
+        # A row that passes its commit point over blank frames keeps the state it had before emitting.
+        r = ((t < kept_len) & (u >= kept_len))[:, None]
+        g_kept = mx.where(r, g, g_kept)
+        h_kept = mx.where(r[None], h, h_kept)
+        c_kept = mx.where(r[None], c, c_kept)
         g_new, h_new, c_new = self.net.predict(mx.where(emit, k, self.blank_id), h, c)
         e = emit[:, None]
         g = mx.where(e, g_new, g)
         h = mx.where(e[None], h_new, h)
         c = mx.where(e[None], c_new, c)
-        sym = mx.where(emit, sym + 1, 0)
-        advance = active & (~emit | (sym >= self.max_symbols))
-        t_now = t
-        t = t + advance.astype(mx.int32)
+        sym = mx.where(emit, mx.where(u == t, sym, 0) + 1, 0)  # tokens emitted on frame u so far
+        advance = emit & (sym >= self.max_symbols)
+        t_next = mx.where(emit, u + advance.astype(mx.int32), mx.maximum(t, lens))
         sym = mx.where(advance, 0, sym)
-        # The iteration that moves a row onto its frame kept_len leaves the state to keep.
-        reach = (t_now < kept_len) & (t >= kept_len)
-        r = reach[:, None]
+        # ... or, having emitted max_symbols on its last frame before the point, the state after that.
+        r = (emit & (u < kept_len) & (t_next >= kept_len))[:, None]
         g_kept = mx.where(r, g, g_kept)
         h_kept = mx.where(r[None], h, h_kept)
         c_kept = mx.where(r[None], c, c_kept)
-        return k, p, emit, t_now, t, sym, g, h, c, g_kept, h_kept, c_kept
+        return k, p, emit, u, t_next, sym, g, h, c, g_kept, h_kept, c_kept

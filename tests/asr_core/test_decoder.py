@@ -519,6 +519,32 @@ def test_device_decoder_warmup_traces_every_frame_bucket_and_leaves_no_trace_in_
     assert [(e.token, e.frame) for e in out_warm[0]] == [(e.token, e.frame) for e in out_cold[0]]
 
 
+def test_a_device_decode_takes_one_iteration_per_token_and_one_more_not_one_per_frame(
+    graphs: RnntGraphs,
+) -> None:
+    """Blank frames between two tokens are judged together (the state does not change over them): a
+    row needs as many iterations as it emits tokens, plus one that finds none left. Once the decoder
+    has seen what such a decode needs, it queues that many and fetches everything in one sync."""
+    from asr_core.decoder.device import DeviceDecoder
+
+    device = DeviceDecoder(graphs.weights(), TINY.blank_id, max_symbols=3, capacity=4)
+    single = GreedyDecoder(graphs, TINY.blank_id, max_symbols=3)
+    chunks = [_frames(16, 110 + i) for i in range(4)]  # 16 frames a row
+    want = [[(e.token, e.frame) for e in single.decode(single.new_state(), ch)] for ch in chunks]
+    needed = max(len(w) for w in want) + 1
+    assert 1 < needed < 16  # the rows emit, on fewer frames than they have
+    for attempt in range(3):
+        slots = device.alloc_many(4)  # fresh streams: the same decode each time
+        before = (device.iterations, device.syncs)
+        got = device.decode(slots, chunks)
+        assert [[(e.token, e.frame) for e in g] for g in got] == want
+        if attempt:
+            assert (device.iterations - before[0], device.syncs - before[1]) == (needed, 1)
+        for slot in slots:
+            device.release(slot)
+    assert device.decodes == 3
+
+
 def test_device_decoder_refuses_unknown_and_repeated_slots(graphs: RnntGraphs) -> None:
     from asr_core.decoder.device import DeviceDecoder
 
