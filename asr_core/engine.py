@@ -399,7 +399,7 @@ class AsrEngine:
             self._max_streams = getattr(self._encoder, "max_streams", None)
             if self.config.decoder.mode == "device":
                 self._device = self.model.new_device_decoder()
-                self._device.warmup()
+                self._device.warmup(self.config.scheduler.max_batch)
             # On a GPU the step is mx.compile'd per batch bucket: trace them all now (seconds) so
             # that no live step pays for it. A no-op where the encoder is not compiled.
             warmup = getattr(self._encoder, "warmup", None)

@@ -62,8 +62,8 @@ class DeviceDecoderBackend(Protocol):
         """Slots for n new streams (a step's joins)."""
         ...
 
-    def warmup(self) -> int:
-        """Compile what live decodes will run (before the engine says it is ready)."""
+    def warmup(self, max_rows: int) -> int:
+        """Compile what live decodes of up to `max_rows` chunks will run (before the engine is ready)."""
         ...
 
     def release(self, slot: int) -> None: ...
@@ -376,8 +376,8 @@ class _DeviceDecoderAdapter:
     def alloc_many(self, n: int) -> list[int]:
         return [int(s) for s in self._dec.alloc_many(n)]
 
-    def warmup(self) -> int:
-        return int(self._dec.warmup())
+    def warmup(self, max_rows: int) -> int:
+        return int(self._dec.warmup(max_rows=max_rows))
 
     def release(self, slot: int) -> None:
         self._dec.release(slot)

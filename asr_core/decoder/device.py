@@ -129,20 +129,26 @@ class DeviceDecoder:
             heapq.heappush(self._free, slot)
         self._capacity = capacity
 
-    def warmup(self, max_frames: int = 16) -> int:
-        """Trace the compiled iteration for every frame-count bucket up to `max_frames` (a chunk, a
-        flush's padding, a short last chunk), so that no live decode pays for it: on a GPU each new
-        frame count costs seconds of kernel compilation with every stream waiting, while a new row
-        count costs little. Decodes silence into a scratch slot without committing; returns the
-        number of buckets traced."""
-        slot = self.alloc()
+    def warmup(self, max_frames: int = 16, max_rows: int = 1) -> int:
+        """Trace the compiled iteration for every (rows, frames) bucket up to `max_rows` rows (a step's
+        chunks) and `max_frames` frames (a chunk, a flush's padding, a short last chunk), so that no
+        live decode pays for it: on a GPU a shape first met costs a trace and kernel compilation
+        (seconds on a fresh machine) with every stream waiting. Decodes silence into scratch slots
+        without committing; returns the number of shapes traced."""
+        frame_sizes = sorted({_time_bucket(t) for t in range(1, max_frames + 1)})
+        row_sizes = sorted({_bucket(n) for n in range(1, max(1, max_rows) + 1)})
+        slots = self.alloc_many(row_sizes[-1])
         try:
-            sizes = sorted({_time_bucket(t) for t in range(1, max_frames + 1)})
-            for size in sizes:
-                self.decode([slot], [np.zeros((size, self.width), np.float32)], commit=False)
+            for rows in row_sizes:
+                for size in frame_sizes:
+                    silence = [np.zeros((size, self.width), np.float32)] * rows
+                    self.decode(slots[:rows], silence, commit=False)
         finally:
-            self.release(slot)
-        return len(sizes)
+            for slot in slots:
+                self.release(slot)
+        self._expect = 2
+        self.decodes = self.iterations = self.syncs = 0
+        return len(row_sizes) * len(frame_sizes)
 
     # -- decoding --------------------------------------------------------------------------------
 
@@ -201,6 +207,7 @@ class DeviceDecoder:
         host: list[np.ndarray] = []
         budget = t_max * self.max_symbols + 1  # every row is done after this many iterations
         want, extra, queued = min(budget, self._expect), 2, 0
+        real = idx[:n]
         while True:
             for _ in range(want - queued):
                 k, p, emit, u, t, sym, g, h, c, *kept = self._step(
@@ -209,10 +216,15 @@ class DeviceDecoder:
                 for q, x in zip(queue, (k, p, emit, u), strict=True):
                     q.append(x)
             queued = want
-            # One sync fetches this round's tokens and whether a row still has frames to judge.
+            if commit:  # the states kept so far; a later round writes the same rows again
+                self._g[real] = kept[0][:n]
+                self._h[:, real] = kept[1][:, :n]
+                self._c[:, real] = kept[2][:, :n]
+            # One sync fetches this round's tokens, whether a row still has frames to judge, and the
+            # committed states (mx.eval lets go of the interpreter lock while the device works).
             stacked = [mx.stack(x[len(host[0]) if host else 0 :]) for x in queue]
             busy = mx.any(t < lens)
-            mx.eval(busy, *stacked)  # mx.eval lets go of the interpreter lock while the device works
+            mx.eval(busy, *stacked, self._g, self._h, self._c)
             self.syncs += 1
             part = [np.array(x) for x in stacked]
             host = part if not host else [np.concatenate([a, b]) for a, b in zip(host, part, strict=True)]
@@ -222,12 +234,6 @@ class DeviceDecoder:
             extra *= 2
         self.iterations += queued
         self.decodes += 1
-        if commit:
-            real = idx[:n]
-            self._g[real] = kept[0][:n]
-            self._h[:, real] = kept[1][:, :n]
-            self._c[:, real] = kept[2][:, :n]
-            mx.async_eval(self._g, self._h, self._c)
         k_host, p_host, e_host, u_host = host
         # Iterations the rows needed: up to the last that emitted, and one that found nothing more.
         busy_its = np.nonzero(e_host[:, :n].any(axis=1))[0]

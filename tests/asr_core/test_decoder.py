@@ -514,6 +514,8 @@ def test_device_decoder_warmup_traces_every_frame_bucket_and_leaves_no_trace_in_
     cold = DeviceDecoder(graphs.weights(), TINY.blank_id, max_symbols=3, capacity=2)
     assert warm.warmup(16) == 5  # 1, 2, 4, 8 and 16 frames
     assert warm.capacity == 2  # its scratch slot was given back
+    assert warm.warmup(4, max_rows=5) == 4 * 3  # rows 1, 2, 4 and 8 (5 pads to 8); 1, 2, 4 frames
+    assert warm.capacity == 8 and (warm.decodes, warm.iterations, warm.syncs) == (0, 0, 0)
     frames = 3 * _frames(4, 1)
     out_warm, out_cold = warm.decode([warm.alloc()], [frames]), cold.decode([cold.alloc()], [frames])
     assert [(e.token, e.frame) for e in out_warm[0]] == [(e.token, e.frame) for e in out_cold[0]]

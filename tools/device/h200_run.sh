@@ -80,6 +80,9 @@ gateway)
   wait "$bench"
   cp /tmp/gw/summary.md /tmp/gw/summary.json "$OUT/" 2>/dev/null
   tail -c 300000 /tmp/gw/serve.log > "$OUT/serve.log"
+  # The engines' step reports and any failure with its traceback (the per-call lines crowd them out
+  # of the log's tail).
+  grep -v "gateway.call.core\|gateway.sip\|call .* ended:" /tmp/gw/serve.log | tail -c 400000 > "$OUT/engines.log"
   stamp "gateway levels done"
   # The one-process model on CUDA too: start, one short call, SIGTERM; exit status and abort marks.
   [ "${ONE_PROCESS:-1}" = 1 ] && python3 -m gateway.cli bench gateway --levels 1 --call-seconds 3 --audio "$KIT_AUDIO" \
