@@ -133,8 +133,9 @@ class DeviceDecoder:
         """Trace the compiled iteration for every (rows, frames) bucket up to `max_rows` rows (a step's
         chunks) and `max_frames` frames (a chunk, a flush's padding, a short last chunk), so that no
         live decode pays for it: on a GPU a shape first met costs a trace and kernel compilation
-        (seconds on a fresh machine) with every stream waiting. Decodes silence into scratch slots
-        without committing; returns the number of shapes traced."""
+        (seconds on a fresh machine) with every stream waiting. Decodes silence into scratch slots,
+        committing as a live decode does (the commit's scatters are kernels too; a slot given out
+        later is primed afresh); returns the number of shapes traced."""
         frame_sizes = sorted({_time_bucket(t) for t in range(1, max_frames + 1)})
         row_sizes = sorted({_bucket(n) for n in range(1, max(1, max_rows) + 1)})
         slots = self.alloc_many(row_sizes[-1])
@@ -142,7 +143,7 @@ class DeviceDecoder:
             for rows in row_sizes:
                 for size in frame_sizes:
                     silence = [np.zeros((size, self.width), np.float32)] * rows
-                    self.decode(slots[:rows], silence, commit=False)
+                    self.decode(slots[:rows], silence)
         finally:
             for slot in slots:
                 self.release(slot)
