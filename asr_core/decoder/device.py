@@ -159,17 +159,15 @@ class DeviceDecoder:
         frames: Sequence[np.ndarray],
         first_frames: Sequence[int] | None = None,
         *,
-        commit: bool = True,
         commit_frames: Sequence[int] | None = None,
     ) -> list[list[Emission]]:
         """Decode each slot's chunk of joiner frames (T_i, J). An emission's frame is the chunk's
         `first_frames[i]` plus its offset in the chunk (the stream's media timeline, which skips
         dropped chunks); without `first_frames`, the slot's own count of frames decoded (as
-        `GreedyDecoder`). `commit=False` decodes from the slots' states without keeping the new ones.
-        `commit_frames[i]` (default: all T_i) keeps the state row i had after its first that many
-        frames, and decoding goes on from it through the rest, emissions included, as a second call
-        from the kept state with `commit=False` would (a flush: its real frames, then its padding,
-        in one pass)."""
+        `GreedyDecoder`). `commit_frames[i]` (default: all T_i) keeps the state row i had after its
+        first that many frames, and decoding goes on from it through the rest, emissions included, as
+        a second call from the kept state with `commit_frames` 0 would (a flush: its real frames, then
+        its padding, in one pass); 0 keeps the state as it was (a trial decode)."""
         n = len(slots)
         if n != len(frames):
             raise ValueError("one frames array per slot")
@@ -217,10 +215,10 @@ class DeviceDecoder:
                 for q, x in zip(queue, (k, p, emit, u), strict=True):
                     q.append(x)
             queued = want
-            if commit:  # the states kept so far; a later round writes the same rows again
-                self._g[real] = kept[0][:n]
-                self._h[:, real] = kept[1][:, :n]
-                self._c[:, real] = kept[2][:, :n]
+            # The states kept so far; a later round writes the same rows again.
+            self._g[real] = kept[0][:n]
+            self._h[:, real] = kept[1][:, :n]
+            self._c[:, real] = kept[2][:, :n]
             # One sync fetches this round's tokens, whether a row still has frames to judge, and the
             # committed states (mx.eval lets go of the interpreter lock while the device works).
             stacked = [mx.stack(x[len(host[0]) if host else 0 :]) for x in queue]
@@ -243,9 +241,8 @@ class DeviceDecoder:
         base = list(first_frames) if first_frames is not None else [self._frames[s] for s in slots]
         for it, r in zip(*np.nonzero(e_host[:, :n]), strict=True):
             out[r].append(Emission(int(k_host[it, r]), base[r] + int(u_host[it, r]), float(p_host[it, r])))
-        if commit:
-            for s, length in zip(slots, keep.tolist(), strict=True):
-                self._frames[s] += length
+        for s, length in zip(slots, keep.tolist(), strict=True):
+            self._frames[s] += length
         return out
 
     def _iteration(

@@ -463,8 +463,8 @@ def test_a_device_decode_that_does_not_commit_leaves_the_state_as_it_was(graphs:
     a, b = device.alloc(), device.alloc()
     first, probe, after = 3 * _frames(4, 1), 3 * _frames(4, 2), 3 * _frames(4, 3)
     device.decode([a, b], [first, first])
-    tried = device.decode([a], [probe], [4], commit=False)  # what `a` would say: kept nowhere
-    assert device.decode([a], [probe], [4], commit=False) == tried  # (the same again: nothing moved)
+    tried = device.decode([a], [probe], [4], commit_frames=[0])  # what `a` would say: kept nowhere
+    assert device.decode([a], [probe], [4], commit_frames=[0]) == tried  # (the same again: nothing moved)
     # a and b heard the same frames; the probe of a did not move it: both decode `after` alike.
     out_a, out_b = device.decode([a, b], [after, after], [4, 4])
     assert [(e.token, e.frame) for e in out_a] == [(e.token, e.frame) for e in out_b]
@@ -480,7 +480,7 @@ def test_a_commit_point_inside_the_chunk_equals_a_committed_decode_then_a_trial_
 ) -> None:
     """A flush in one pass: `commit_frames` keeps each row's state after its first k frames and goes on
     through the rest; tokens and kept states are those of two calls (commit the k frames, then decode
-    the rest with commit=False), for k at the start, inside and at the end of a row."""
+    the rest keeping nothing: `commit_frames` 0), for k at the start, inside and at the end of a row."""
     from asr_core.decoder.device import DeviceDecoder
 
     one, two = (DeviceDecoder(graphs.weights(), TINY.blank_id, max_symbols=3) for _ in range(2))
@@ -493,7 +493,10 @@ def test_a_commit_point_inside_the_chunk_equals_a_committed_decode_then_a_trial_
     got = one.decode(slots_one, chunks, [3] * 4, commit_frames=keeps)
     head = two.decode(slots_two, [c[:k] for c, k in zip(chunks, keeps, strict=True)], [3] * 4)
     tail = two.decode(
-        slots_two, [c[k:] for c, k in zip(chunks, keeps, strict=True)], [3 + k for k in keeps], commit=False
+        slots_two,
+        [c[k:] for c, k in zip(chunks, keeps, strict=True)],
+        [3 + k for k in keeps],
+        commit_frames=[0] * 4,
     )
     assert [[(e.token, e.frame) for e in g] for g in got] == [
         [(e.token, e.frame) for e in h + t] for h, t in zip(head, tail, strict=True)
