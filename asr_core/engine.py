@@ -401,7 +401,7 @@ class AsrEngine:
                 self._device = self.model.new_device_decoder()
                 self._device.warmup(self.config.scheduler.max_batch)
             # On a GPU the step is mx.compile'd per batch bucket: trace them all now (seconds) so
-            # that no live step pays for it. A no-op where the encoder is not compiled.
+            # that no live step pays for it; on an x86-64 CPU, build the fused sigmoid and softmax.
             warmup = getattr(self._encoder, "warmup", None)
             if warmup is not None:
                 lookahead = self.config.default_lookahead

@@ -311,7 +311,8 @@ class _EncoderAdapter:
         return {**enc.calls, **{f"{k}_s": v for k, v in enc.seconds.items()}}
 
     def warmup(self, lookahead: int, max_batch: int) -> int:
-        """Trace the compiled step for every batch bucket up to `max_batch` (GPU; else a no-op)."""
+        """Trace the compiled step for every batch bucket up to `max_batch` (GPU; on a CPU, at most one
+        stream's chunks: `StreamingEncoder.warmup`)."""
         return int(self._encoder.warmup(lookahead, max_batch))
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from asr_core.bundle import EncoderConfig
+from asr_core.encoder import expmath
 from asr_core.quant import Linear, QuantizedLinear, addmm, concat_rows, linear
 
 
@@ -50,6 +51,8 @@ class LayerParams:
     ff2_w1: Linear
     ff2_w2: Linear
     out_norm: tuple[mx.array, mx.array]
+    # sigmoid and softmax as array ops rather than MLX's kernels (`expmath`: the x86-64 CPU)
+    array_exp: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,11 +124,18 @@ def project_positions(w_pos: Linear, distances: np.ndarray, n_heads: int, dtype:
 
 
 def build_params(
-    weights: Mapping[str, Linear], cfg: EncoderConfig, dtype: mx.Dtype, unpack: bool = False
+    weights: Mapping[str, Linear],
+    cfg: EncoderConfig,
+    dtype: mx.Dtype,
+    unpack: bool = False,
+    array_exp: bool | None = None,
 ) -> EncoderParams:
     """Bundle weights (HF names; dense in MLX layouts, or packed) -> fused arrays in `dtype`; packed
     codes stay packed, their scales and biases in `dtype`, unless `unpack` (then they are
-    dequantized once, here: the same values as dense weights)."""
+    dequantized once, here: the same values as dense weights). `array_exp` (None: where it is
+    faster, `expmath.array_exp_default`): the layers' sigmoid and softmax as array ops."""
+    if array_exp is None:
+        array_exp = expmath.array_exp_default()
     if unpack:
         weights = {n: dense_in_out(w) if isinstance(w, QuantizedLinear) else w for n, w in weights.items()}
 
@@ -178,6 +188,7 @@ def build_params(
                 ff2_w1=lin(p + "feed_forward2.linear1.weight"),
                 ff2_w2=lin(p + "feed_forward2.linear2.weight"),
                 out_norm=norm(p + "norm_out"),
+                array_exp=array_exp,
             )
         )
 
@@ -360,9 +371,11 @@ def _ln(x: mx.array, wb: tuple[mx.array, mx.array], eps: float) -> mx.array:
     return mx.fast.layer_norm(x, wb[0], wb[1], eps)
 
 
-def _ff(x: mx.array, norm: tuple[mx.array, mx.array], w1: Linear, w2: Linear, eps: float) -> mx.array:
+def _ff(
+    x: mx.array, norm: tuple[mx.array, mx.array], w1: Linear, w2: Linear, eps: float, array_exp: bool
+) -> mx.array:
     h = linear(_ln(x, norm, eps), w1)
-    h = h * mx.sigmoid(h)
+    h = expmath.gated(h, h, array_exp)
     # residual + 0.5 * FF(x) in the matmul's epilogue
     return addmm(x, h, w2, alpha=0.5)
 
@@ -412,7 +425,7 @@ def _attention(
     pos = q_v @ pos_rev  # (H, B*T, NP), contiguous
     rel = mx.as_strided(pos, (H, B, T, L), (B * T * NP, T * NP, NP - 1, 1), shift)
     scores = q_u @ k.swapaxes(-1, -2) + rel.transpose(1, 0, 2, 3) + mask
-    o = mx.softmax(scores, axis=-1, precise=True) @ v
+    o = expmath.softmax(scores, lp.array_exp) @ v
     return o.transpose(0, 2, 1, 3).reshape(B * T, D), kv_new
 
 
@@ -443,7 +456,7 @@ def conformer_layer(
     # batched addmm as B small ones: 4x slower on the CPU, and B launches' worth on a GPU).
     x = x.reshape(B * T, D)
 
-    x = _ff(x, lp.ff1_norm, lp.ff1_w1, lp.ff1_w2, eps)
+    x = _ff(x, lp.ff1_norm, lp.ff1_w1, lp.ff1_w2, eps, lp.array_exp)
 
     h = _ln(x, lp.att_norm, eps)
     parts = [linear(h, w) for w in lp.w_qkv]
@@ -454,7 +467,7 @@ def conformer_layer(
 
     # Convolution module: pw1 -> GLU -> causal depthwise over [cache | new] -> LN -> SiLU -> pw2.
     g = _ln(x, lp.conv_norm, eps) @ lp.w_pw1
-    glu = (g[:, :D] * mx.sigmoid(g[:, D:])).reshape(B, T, D)
+    glu = expmath.gated(g[:, :D], g[:, D:], lp.array_exp).reshape(B, T, D)
     if conv_ctx is not None:
         conv_cache = _continued(conv_cache, glu, conv_ctx)
     seq = mx.concatenate([conv_cache, glu], axis=1)  # (B, K-1+T, D)
@@ -462,10 +475,10 @@ def conformer_layer(
     for tap in range(1, K):
         y = y + seq[:, tap : tap + T] * lp.w_dw[tap]
     y = _ln(y.reshape(B * T, D), lp.dw_norm, eps)
-    y = y * mx.sigmoid(y)
+    y = expmath.gated(y, y, lp.array_exp)
     x = mx.addmm(x, y, lp.w_pw2)
 
-    x = _ff(x, lp.ff2_norm, lp.ff2_w1, lp.ff2_w2, eps)
+    x = _ff(x, lp.ff2_norm, lp.ff2_w1, lp.ff2_w2, eps, lp.array_exp)
     x = _ln(x, lp.out_norm, eps)
     return x.reshape(B, T, D), kv_new, seq[:, T:]
 

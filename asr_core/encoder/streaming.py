@@ -26,12 +26,15 @@ Not thread-safe: one thread owns the encoder (the engine's MLX thread).
 
 from __future__ import annotations
 
+import fcntl
 import heapq
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -106,6 +109,7 @@ class StreamingEncoder:
         compile: bool | None = None,
         pad_batches: bool | None = None,
         unpack: bool | None = None,
+        array_exp: bool | None = None,
     ) -> None:
         """Defaults depend on the device.
 
@@ -116,12 +120,13 @@ class StreamingEncoder:
         weights once instead of multiplying with the packed codes; MLX's CPU quantized matmul is not
         BLAS-backed (docs/quantization.md: a full-size step at B=1 took 3x as long packed as dense),
         while a GPU keeps the codes packed (the point of them: fewer bytes to hold and to read).
-        Every option gives the same frames within float rounding."""
+        `array_exp` (None: an x86-64 CPU with g++): sigmoid and softmax as fused array ops
+        (`expmath`). Every option gives the same frames within float rounding."""
         on_gpu = mx.default_device() == mx.gpu
         self.cfg = cfg
         self.dtype: mx.Dtype = PRECISIONS[dtype] if isinstance(dtype, str) else dtype
         self.unpacked = not on_gpu if unpack is None else unpack
-        self.params: EncoderParams = build_params(weights, cfg, self.dtype, self.unpacked)
+        self.params: EncoderParams = build_params(weights, cfg, self.dtype, self.unpacked, array_exp)
         self.compiled = on_gpu if compile is None else compile
         self.pad_batches = self.compiled if pad_batches is None else pad_batches
         self._Lc = cfg.left_context_frames
@@ -487,9 +492,12 @@ class StreamingEncoder:
     def warmup(self, lookahead: int, max_batch: int) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (first and later chunks,
         and a first chunk's flush) so that no live step pays for it; returns the number of buckets. A no-op
-        when not compiled. From then on, calls of shapes it did not trace (short final chunks: one
-        shape per length and bucket; a lookahead not warmed) run uncompiled rather than trace."""
+        when not compiled (but for one stream's chunks when the CPU's fused kernels are in use). From then
+        on, calls of shapes it did not trace (short final chunks: one shape per length and bucket; a
+        lookahead not warmed) run uncompiled rather than trace."""
         if not self.compiled:
+            if self.params.layers[0].array_exp:
+                self._build_fused_kernels(lookahead)
             return 0
         self._tracing = set() if self._traced is None else set(self._traced)
         self._traced = None
@@ -517,6 +525,27 @@ class StreamingEncoder:
         self.calls.clear()
         self.seconds = dict.fromkeys(self.seconds, 0.0)
         return len(buckets)
+
+    def _build_fused_kernels(self, lookahead: int) -> None:
+        """One stream's first, later and last chunk, so that the CPU JIT builds the fused sigmoid and
+        softmax kernels (`expmath`: g++, seconds on a machine that has not cached them) before a call
+        waits for them. Their kernels do not depend on the batch size."""
+        n_mels = self.cfg.n_mels
+        slot = self.alloc(0, lookahead)
+        # Engine processes starting together would each run g++ on the same missing kernel into the same
+        # file of MLX's cache (under the temp directory), one possibly loading it half-written: the first
+        # builds them, the others wait and load them.
+        lock_path = Path(tempfile.gettempdir()) / "ttg-mlx-jit.lock"
+        try:
+            with lock_path.open("a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                for first, last in ((True, False), (False, False), (False, True)):
+                    size = self._chunk_size(lookahead, first)
+                    self.step([ChunkInput(slot, np.zeros((size, n_mels), np.float32), is_last=last)])
+        finally:
+            self.release(slot)
+        self.calls.clear()
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
 
     # ---------------------------------------------------------------------------------------------
     # offline

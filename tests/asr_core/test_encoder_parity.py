@@ -88,10 +88,13 @@ def stream(
         encoder.release(slot)
 
 
-@pytest.fixture(scope="module")
-def encoder(reference_tiny: object) -> StreamingEncoder:
+@pytest.fixture(scope="module", params=[False, True], ids=["mlx-exp", "array-exp"])
+def encoder(reference_tiny: object, request: pytest.FixtureRequest) -> StreamingEncoder:
+    """Both ways of computing the layers' sigmoid and softmax (asr_core.encoder.expmath)."""
     bundle = load_bundle(reference_tiny.bundle, "f32")  # type: ignore[attr-defined]
-    return StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, "f32", compile=False)
+    return StreamingEncoder(
+        bundle.encoder_weights, bundle.config.encoder, "f32", compile=False, array_exp=request.param
+    )
 
 
 def stream_lengths(lookahead: int) -> list[int]:

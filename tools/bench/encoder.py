@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compile", choices=("auto", "on", "off"), default="auto", help="mx.compile the step"
     )
+    parser.add_argument(
+        "--array-exp",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="sigmoid and softmax as fused array ops (asr_core.encoder.expmath; auto: x86-64 CPU with g++)",
+    )
     parser.add_argument("--no-reference", action="store_true", help="skip the transformers reference")
     parser.add_argument(
         "--threads",
@@ -355,7 +361,12 @@ def main(args: argparse.Namespace) -> int:
     cfg = bundle.config
     lookahead = cfg.encoder.default_lookahead if args.lookahead is None else args.lookahead
     compile_flag = None if args.compile == "auto" else args.compile == "on"
-    encoder = StreamingEncoder(bundle.encoder_weights, cfg.encoder, bundle.precision, compile=compile_flag)
+    array_exp = None if args.array_exp == "auto" else args.array_exp == "on"
+    encoder = StreamingEncoder(
+        bundle.encoder_weights, cfg.encoder, bundle.precision, compile=compile_flag, array_exp=array_exp
+    )
+    if not encoder.compiled:
+        encoder.warmup(lookahead, 1)  # builds the CPU's fused kernels where they are used
     warmup = default_warmup(cfg.encoder, lookahead) if args.warmup is None else args.warmup
     # Rows of one step speak different languages, as calls do.
     prompt_ids = [cfg.prompt_dictionary[x] for x in ("en-US", "uk-UA", "auto") if x in cfg.prompt_dictionary]
@@ -391,7 +402,8 @@ def main(args: argparse.Namespace) -> int:
 
     title = (
         f"encoder step, {args.precision}, lookahead {lookahead}, {cfg.encoder.num_hidden_layers} layers x "
-        f"{cfg.encoder.hidden_size}, compile={encoder.compiled}"
+        f"{cfg.encoder.hidden_size}, compile={encoder.compiled}, "
+        f"array_exp={encoder.params.layers[0].array_exp}"
     )
     print(markdown_table(results, title))
     if args.json:
@@ -404,6 +416,7 @@ def main(args: argparse.Namespace) -> int:
             "warmup": warmup,
             "steps": args.steps,
             "compile": encoder.compiled,
+            "array_exp": encoder.params.layers[0].array_exp,
             "threads": args.threads,
             "reference": ref_note,
             "encoder_config": asdict(cfg.encoder),

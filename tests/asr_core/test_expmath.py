@@ -1,0 +1,80 @@
+"""exp, sigmoid and softmax as fused array ops (asr_core.encoder.expmath) against exact values.
+
+The encoder uses them on x86-64 CPUs in place of MLX's kernels, so they must be at least as accurate:
+exp within 1 ulp of the correctly rounded value over the range that does not under- or overflow,
+saturating outside it, NaN kept; x * sigmoid(gate) closer to the exact value than MLX's kernels; softmax
+as MLX's within float rounding, a masked (-inf) score weighing exactly 0.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from asr_core.encoder import expmath
+
+
+def ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance in units in the last place between float32 arrays of one sign."""
+    return np.abs(a.view(np.int32).astype(np.int64) - b.view(np.int32).astype(np.int64))
+
+
+def test_exp_is_within_one_ulp_of_the_exact_value() -> None:
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.linspace(-87.0, 88.0, 200_001), rng.standard_normal(100_000) * 6])
+    x = x.astype(np.float32)
+    exact = np.exp(x.astype(np.float64)).astype(np.float32)
+    got = np.array(expmath.exp(mx.array(x)))
+    assert ulps(got, exact).max() <= 1
+
+
+def test_exp_saturates_and_keeps_nan() -> None:
+    x = mx.array([-np.inf, -1000.0, -88.0, 0.0, 89.0, np.inf, np.nan], dtype=mx.float32)
+    got = np.array(expmath.exp(x))
+    assert got[0] == got[1] == got[2] == 0.0  # exactly 0, so a masked score weighs nothing
+    assert got[3] == 1.0
+    assert np.isfinite(got[4]) and got[4] == got[5] > 1e38  # clamped at 88, not inf
+    assert np.isnan(got[6])
+
+
+def test_exp_keeps_a_half_precision_input_dtype() -> None:
+    x = mx.array(np.linspace(-10, 10, 101), dtype=mx.float16)
+    got = expmath.exp(x)
+    assert got.dtype == mx.float16
+    np.testing.assert_allclose(np.array(got, np.float32), np.exp(np.array(x, np.float32)), rtol=1e-3)
+
+
+@pytest.mark.parametrize("shape", [(7,), (256, 704), (3, 4, 4, 60)])
+def test_gated_is_closer_to_the_exact_value_than_mlx_kernels(shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(1)
+    x, gate = (mx.array(rng.standard_normal(shape).astype(np.float32) * 8) for _ in range(2))
+    for a, g in ((x, x), (x, gate)):  # SiLU, GLU
+        exact = np.array(a, np.float64) / (1.0 + np.exp(-np.array(g, np.float64)))
+        ours = np.array(expmath.gated(a, g, True), np.float64)
+        np.testing.assert_allclose(ours, exact, rtol=3e-7, atol=1e-30)
+        # MLX's sigmoid (array_ops=False) reduces its exp's argument in one step: up to ~2e-6 off.
+        theirs = np.array(expmath.gated(a, g, False), np.float64)
+        np.testing.assert_allclose(theirs, exact, rtol=3e-6, atol=1e-30)
+
+
+def test_softmax_agrees_with_mlx_and_gives_masked_scores_zero_weight() -> None:
+    rng = np.random.default_rng(2)
+    s = rng.standard_normal((5, 4, 4, 60)).astype(np.float32) * 5
+    s[..., :10] = -np.inf  # cache slots a query may not see
+    x = mx.array(s)
+    ours = np.array(expmath.softmax(x, True))
+    np.testing.assert_allclose(ours, np.array(expmath.softmax(x, False)), rtol=1e-6, atol=1e-9)
+    assert (ours[..., :10] == 0.0).all()
+    np.testing.assert_allclose(ours.sum(axis=-1), 1.0, rtol=1e-6)
+
+
+def test_used_by_default_only_where_mlx_can_fuse_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(expmath.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(expmath.shutil, "which", lambda name: "/usr/bin/g++")
+    assert expmath.array_exp_default() is (mx.default_device() == mx.cpu)
+    monkeypatch.setattr(expmath.shutil, "which", lambda name: None)  # no JIT compiler
+    assert not expmath.array_exp_default()
+    monkeypatch.setattr(expmath.shutil, "which", lambda name: "/usr/bin/g++")
+    monkeypatch.setattr(expmath.platform, "machine", lambda: "aarch64")  # MLX's exp is vectorized there
+    assert not expmath.array_exp_default()
