@@ -26,8 +26,10 @@ Not thread-safe: one thread owns the encoder (the engine's MLX thread).
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import heapq
+import logging
 import tempfile
 import time
 from collections import Counter
@@ -51,6 +53,8 @@ from asr_core.encoder.layers import (
 )
 from asr_core.errors import EngineFullError
 from asr_core.quant import Linear
+
+logger = logging.getLogger(__name__)
 
 _MAX_POOL_ELEMENTS = 2**31 - 1  # see StreamingEncoder.max_streams
 
@@ -527,9 +531,11 @@ class StreamingEncoder:
         return len(buckets)
 
     def _build_fused_kernels(self, lookahead: int) -> None:
-        """One stream's first, later and last chunk, so that the CPU JIT builds the fused sigmoid and
-        softmax kernels (`expmath`: g++, seconds on a machine that has not cached them) before a call
-        waits for them. Their kernels do not depend on the batch size."""
+        """One stream's first, later, flushed and last chunks, so that the CPU JIT builds the fused
+        sigmoid and softmax kernels (`expmath`: g++, seconds on a machine that has not cached them)
+        before a call waits for them; their kernels do not depend on the batch size. Where the JIT
+        cannot build or load them (its cache under the temp directory not writable, g++ broken), the
+        encoder goes on with MLX's kernels and says so."""
         n_mels = self.cfg.n_mels
         slot = self.alloc(0, lookahead)
         # Engine processes starting together would each run g++ on the same missing kernel into the same
@@ -539,9 +545,15 @@ class StreamingEncoder:
         try:
             with lock_path.open("a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                for first, last in ((True, False), (False, False), (False, True)):
+                for first, last, flush in ((True, False, False), (False, False, True), (False, True, False)):
                     size = self._chunk_size(lookahead, first)
-                    self.step([ChunkInput(slot, np.zeros((size, n_mels), np.float32), is_last=last)])
+                    mel = np.zeros((size, n_mels), np.float32)
+                    self.step([ChunkInput(slot, mel, is_last=last, flush=flush)])
+        except RuntimeError as e:
+            logger.warning("MLX's CPU JIT could not build the fused sigmoid and softmax (%s): using MLX's", e)
+            self._pending.clear()  # the failed step's cache writes
+            layers = tuple(dataclasses.replace(lp, array_exp=False) for lp in self.params.layers)
+            self.params = dataclasses.replace(self.params, layers=layers)
         finally:
             self.release(slot)
         self.calls.clear()

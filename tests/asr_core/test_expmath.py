@@ -8,11 +8,17 @@ as MLX's within float rounding, a masked (-inf) score weighing exactly 0.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import mlx.core as mx
 import numpy as np
 import pytest
 
 from asr_core.encoder import expmath
+from tests.fixtures import peers
 
 
 def ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -78,3 +84,40 @@ def test_used_by_default_only_where_mlx_can_fuse_them(monkeypatch: pytest.Monkey
     monkeypatch.setattr(expmath.shutil, "which", lambda name: "/usr/bin/g++")
     monkeypatch.setattr(expmath.platform, "machine", lambda: "aarch64")  # MLX's exp is vectorized there
     assert not expmath.array_exp_default()
+
+
+FALLBACK = """
+import logging, sys
+import numpy as np
+from asr_core._blas import configure_cpu_blas
+configure_cpu_blas()
+from asr_core.bundle import load_bundle
+from asr_core.encoder import ChunkInput, StreamingEncoder, first_chunk_frames
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(message)s")
+b = load_bundle(sys.argv[1], "f32")
+enc = StreamingEncoder(b.encoder_weights, b.config.encoder, "f32", array_exp=True)
+enc.warmup(3, 8)
+slot = enc.alloc(0, 3)
+frames = enc.step([ChunkInput(slot, np.ones((first_chunk_frames(3), 128), np.float32))])[0]
+print("array_exp", enc.params.layers[0].array_exp, "frames", frames.shape, bool(np.isfinite(frames).all()))
+"""
+
+
+def test_an_encoder_whose_fused_kernels_cannot_be_built_goes_on_with_mlx_kernels(
+    tiny_bundle: Path, tmp_path: Path
+) -> None:
+    """MLX's CPU JIT writes its kernels under the temp directory; where it cannot (here a file stands
+    where its folder would be), warm-up logs it and the encoder steps with MLX's own kernels."""
+    peers.tool("g++")  # without g++ MLX never tries to build them
+    (tmp_path / "mlx").write_text("not a folder")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", FALLBACK, str(tiny_bundle)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "could not build the fused sigmoid and softmax" in run.stdout
+    assert "array_exp False frames (4, " in run.stdout and run.stdout.strip().endswith("True")
