@@ -26,14 +26,16 @@ Not thread-safe: one thread owns the encoder (the engine's MLX thread).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import heapq
 import logging
+import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -538,13 +540,8 @@ class StreamingEncoder:
         encoder goes on with MLX's kernels and says so."""
         n_mels = self.cfg.n_mels
         slot = self.alloc(0, lookahead)
-        # Engine processes starting together would each run g++ on the same missing kernel into the same
-        # file of MLX's cache (under the temp directory), one possibly loading it half-written: the first
-        # builds them, the others wait and load them.
-        lock_path = Path(tempfile.gettempdir()) / "ttg-mlx-jit.lock"
         try:
-            with lock_path.open("a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            with _jit_build_lock():
                 for first, last, flush in ((True, False, False), (False, False, True), (False, True, False)):
                     size = self._chunk_size(lookahead, first)
                     mel = np.zeros((size, n_mels), np.float32)
@@ -570,6 +567,26 @@ class StreamingEncoder:
         out = offline_forward(self.params, mx.array(mel), lookahead, prompt_id)
         mx.eval(out)
         return np.array(out)
+
+
+@contextlib.contextmanager
+def _jit_build_lock() -> Iterator[None]:
+    """Held while MLX's CPU JIT builds kernels. Engine processes starting together would each run g++
+    on the same missing kernel into the same file of MLX's cache (under the temp directory), one
+    possibly loading it half-written: the first builds them, the others wait and load them. Opened
+    read-only (flock needs no more), so a lock file another user left works too; without a lock file
+    at all the build goes on unlocked."""
+    try:
+        fd = os.open(Path(tempfile.gettempdir()) / "ttg-mlx-jit.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+    except OSError as e:
+        logger.warning("no JIT build lock (%s): building without it", e)
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def pool_stream_limit(cfg: EncoderConfig) -> int:

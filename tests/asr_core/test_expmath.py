@@ -121,3 +121,23 @@ def test_an_encoder_whose_fused_kernels_cannot_be_built_goes_on_with_mlx_kernels
     assert run.returncode == 0, run.stderr
     assert "could not build the fused sigmoid and softmax" in run.stdout
     assert "array_exp False frames (4, " in run.stdout and run.stdout.strip().endswith("True")
+
+
+def test_engines_build_the_kernels_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While one process holds the build lock, another's flock on the same file waits (here: fails
+    non-blocking); the lock file is opened read-only, so one left read-only works."""
+    import fcntl
+    import tempfile
+
+    from asr_core.encoder.streaming import _jit_build_lock
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    lock_file = tmp_path / "ttg-mlx-jit.lock"
+    lock_file.touch(mode=0o444)
+    other = os.open(lock_file, os.O_RDONLY)
+    try:
+        with _jit_build_lock(), pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on leaving
+    finally:
+        os.close(other)
