@@ -5,7 +5,7 @@ x86-64: its SIMD layer has vector types for ARM NEON only, and its scalar polyno
 `fmaf` for every term (~24 ns a float; a sigmoid over one feed-forward's (256, 704) hidden units took
 4.3 ms). Here the polynomial is written as array ops and `mx.compile` fuses them into a few loops that
 MLX's CPU JIT builds with g++ (~0.8 ms there). The encoder's sigmoids and softmaxes take up to a third
-of a CPU step; with these a demo-model step takes 20-28 % less from B = 4 on (docs/benchmarks.md).
+of a CPU step; with these a demo-model step takes 19-28 % less from B = 4 on (docs/benchmarks.md).
 
 Used where both hold (`array_exp_default`): the CPU device of an x86-64 machine, and g++ on PATH. Without
 g++ MLX runs the compiled function's ops one by one: correct, but slower than its own kernels on small
