@@ -78,10 +78,7 @@ class DeviceDecoder:
         self._capacity = 0
         self._free: list[int] = []
         self._frames: dict[int, int] = {}  # slot -> frames consumed (host)
-        # Iterations queued before the first sync: what the last decodes needed (decays by one a call).
-        self._expect = 2
-        # Running totals for the engine's step report: decode calls, iterations queued, host syncs.
-        self.decodes = self.iterations = self.syncs = 0
+        self._reset_stats()
         self._grow(max(1, capacity))
 
     # -- slots -----------------------------------------------------------------------------------
@@ -147,9 +144,15 @@ class DeviceDecoder:
         finally:
             for slot in slots:
                 self.release(slot)
-        self._expect = 2
-        self.decodes = self.iterations = self.syncs = 0
+        self._reset_stats()
         return len(row_sizes) * len(frame_sizes)
+
+    def _reset_stats(self) -> None:
+        """As new: warm-up decodes are not the live decodes the engine's report counts."""
+        # Iterations queued before the first sync: what the last decodes needed (decays by one a call).
+        self._expect = 2
+        # Running totals for the engine's step report: decode calls, iterations queued, host syncs.
+        self.decodes = self.iterations = self.syncs = 0
 
     # -- decoding --------------------------------------------------------------------------------
 

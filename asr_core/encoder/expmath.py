@@ -71,12 +71,8 @@ def exp(x: mx.array) -> mx.array:
     return (p * scale).astype(dtype)
 
 
-def _sigmoid(x: mx.array) -> mx.array:
-    return mx.reciprocal(1.0 + exp(-x))
-
-
 def _gated(x: mx.array, gate: mx.array) -> mx.array:
-    return x * _sigmoid(gate)
+    return x * mx.reciprocal(1.0 + exp(-gate))
 
 
 def _softmax(x: mx.array) -> mx.array:

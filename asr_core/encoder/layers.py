@@ -51,8 +51,6 @@ class LayerParams:
     ff2_w1: Linear
     ff2_w2: Linear
     out_norm: tuple[mx.array, mx.array]
-    # sigmoid and softmax as array ops rather than MLX's kernels (`expmath`: the x86-64 CPU)
-    array_exp: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,6 +83,8 @@ class EncoderParams:
     layers: tuple[LayerParams, ...]
     head: HeadParams
     t_max: int  # largest chunk (encoder frames) the precomputed position tables cover
+    # the layers' sigmoid and softmax as array ops rather than MLX's kernels (`expmath`: x86-64 CPU)
+    array_exp: bool = False
 
     @property
     def input_scale(self) -> float:
@@ -188,7 +188,6 @@ def build_params(
                 ff2_w1=lin(p + "feed_forward2.linear1.weight"),
                 ff2_w2=lin(p + "feed_forward2.linear2.weight"),
                 out_norm=norm(p + "norm_out"),
-                array_exp=array_exp,
             )
         )
 
@@ -219,7 +218,7 @@ def build_params(
         b_proj=w("encoder_projector.bias"),
     )
     # Materialize contiguous copies now so no step pays for a slice, transpose or cast.
-    params = EncoderParams(cfg, dtype, sub, tuple(layers), head, t_max)
+    params = EncoderParams(cfg, dtype, sub, tuple(layers), head, t_max, array_exp)
     return _rebuild_contiguous(params)
 
 
@@ -391,6 +390,8 @@ def _attention(
     B: int,
     T: int,
     kv_ctx: mx.array | None = None,
+    *,
+    array_exp: bool,
 ) -> tuple[mx.array, mx.array]:
     """Relative-position attention of T new frames over [cache | new] keys, with every matmul operand
     already in the layout the GEMM takes (so MLX copies nothing behind the graph's back) and no gather:
@@ -402,7 +403,8 @@ def _attention(
       shift - i + j of its row, i.e. a row stride of NP - 1 (`shift` = d_max minus the cached frames).
 
     qkv (B*T, 3D); kv_cache (B, Lc, 2D) or None (offline: the keys are the new frames); mask additive,
-    broadcastable to (B, H, T, L); `kv_ctx`: where each row's cache comes from (`chain_indices`).
+    broadcastable to (B, H, T, L); `kv_ctx`: where each row's cache comes from (`chain_indices`);
+    `array_exp`: the softmax's way (`expmath`).
     Returns (B*T, D) output rows and the new K|V (B, T, 2D)."""
     D, H, dh = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
     NP = pos_rev.shape[-1]
@@ -425,7 +427,7 @@ def _attention(
     pos = q_v @ pos_rev  # (H, B*T, NP), contiguous
     rel = mx.as_strided(pos, (H, B, T, L), (B * T * NP, T * NP, NP - 1, 1), shift)
     scores = q_u @ k.swapaxes(-1, -2) + rel.transpose(1, 0, 2, 3) + mask
-    o = expmath.softmax(scores, lp.array_exp) @ v
+    o = expmath.softmax(scores, array_exp) @ v
     return o.transpose(0, 2, 1, 3).reshape(B * T, D), kv_new
 
 
@@ -439,13 +441,16 @@ def conformer_layer(
     lp: LayerParams,
     cfg: EncoderConfig,
     chain: tuple[mx.array, mx.array] | None = None,
+    *,
+    array_exp: bool,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """One block over T new frames of B rows.
 
     x (B, T, D); kv_cache (B, Lc, 2D) projected K|V of the cached frames, oldest first (None: no
     cache, as offline); conv_cache (B, K-1, D) last GLU outputs; mask additive (B|1, 1, T|1, L) with
     L = Lc + T keys; `pos_rev`/`shift`: the position table and where query 0's key 0 sits in it
-    (`_attention`); `chain`: where each row's K|V and conv caches come from (`chain_indices`).
+    (`_attention`); `chain`: where each row's K|V and conv caches come from (`chain_indices`);
+    `array_exp`: how its sigmoids and softmax run (`EncoderParams.array_exp`).
     Returns x, this chunk's K|V (B, T, 2D) and the new conv cache (B, K-1, D).
     """
     eps = cfg.layer_norm_eps
@@ -456,18 +461,18 @@ def conformer_layer(
     # batched addmm as B small ones: 4x slower on the CPU, and B launches' worth on a GPU).
     x = x.reshape(B * T, D)
 
-    x = _ff(x, lp.ff1_norm, lp.ff1_w1, lp.ff1_w2, eps, lp.array_exp)
+    x = _ff(x, lp.ff1_norm, lp.ff1_w1, lp.ff1_w2, eps, array_exp)
 
     h = _ln(x, lp.att_norm, eps)
     parts = [linear(h, w) for w in lp.w_qkv]
     qkv = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
     kv_ctx, conv_ctx = chain if chain is not None else (None, None)
-    o, kv_new = _attention(qkv, kv_cache, mask, pos_rev, shift, cfg, lp, B, T, kv_ctx)
+    o, kv_new = _attention(qkv, kv_cache, mask, pos_rev, shift, cfg, lp, B, T, kv_ctx, array_exp=array_exp)
     x = addmm(x, o, lp.w_o)
 
     # Convolution module: pw1 -> GLU -> causal depthwise over [cache | new] -> LN -> SiLU -> pw2.
     g = _ln(x, lp.conv_norm, eps) @ lp.w_pw1
-    glu = expmath.gated(g[:, :D], g[:, D:], lp.array_exp).reshape(B, T, D)
+    glu = expmath.gated(g[:, :D], g[:, D:], array_exp).reshape(B, T, D)
     if conv_ctx is not None:
         conv_cache = _continued(conv_cache, glu, conv_ctx)
     seq = mx.concatenate([conv_cache, glu], axis=1)  # (B, K-1+T, D)
@@ -475,10 +480,10 @@ def conformer_layer(
     for tap in range(1, K):
         y = y + seq[:, tap : tap + T] * lp.w_dw[tap]
     y = _ln(y.reshape(B * T, D), lp.dw_norm, eps)
-    y = expmath.gated(y, y, lp.array_exp)
+    y = expmath.gated(y, y, array_exp)
     x = mx.addmm(x, y, lp.w_pw2)
 
-    x = _ff(x, lp.ff2_norm, lp.ff2_w1, lp.ff2_w2, eps, lp.array_exp)
+    x = _ff(x, lp.ff2_norm, lp.ff2_w1, lp.ff2_w2, eps, array_exp)
     x = _ln(x, lp.out_norm, eps)
     return x.reshape(B, T, D), kv_new, seq[:, T:]
 
@@ -525,7 +530,16 @@ def encoder_stack(
     kv_out, conv_out = [], []
     for n, lp in enumerate(p.layers):
         x, kv_new, conv_new = conformer_layer(
-            x, _layer(kv_cache, n), _layer(conv_cache, n), mask, lp.pos_rev, shift, lp, cfg, chain
+            x,
+            _layer(kv_cache, n),
+            _layer(conv_cache, n),
+            mask,
+            lp.pos_rev,
+            shift,
+            lp,
+            cfg,
+            chain,
+            array_exp=p.array_exp,
         )
         kv_out.append(kv_new)
         conv_out.append(conv_new)
@@ -577,5 +591,5 @@ def offline_forward(p: EncoderParams, mel: mx.array, lookahead: int, prompt_id: 
     conv_cache = mx.zeros((1, cfg.conv_kernel_size - 1, cfg.hidden_size), dtype=p.dtype)
     for lp in p.layers:
         pos_rev = project_positions(lp.w_pos, distances, cfg.num_attention_heads, p.dtype)
-        x, _, _ = conformer_layer(x, None, conv_cache, mask, pos_rev, N - 1, lp, cfg)
+        x, _, _ = conformer_layer(x, None, conv_cache, mask, pos_rev, N - 1, lp, cfg, array_exp=p.array_exp)
     return head(p, x, mx.array([prompt_id]))[0]

@@ -502,7 +502,7 @@ class StreamingEncoder:
         on, calls of shapes it did not trace (short final chunks: one shape per length and bucket; a
         lookahead not warmed) run uncompiled rather than trace."""
         if not self.compiled:
-            if self.params.layers[0].array_exp:
+            if self.params.array_exp:
                 self._build_fused_kernels(lookahead)
             return 0
         self._tracing = set() if self._traced is None else set(self._traced)
@@ -528,9 +528,13 @@ class StreamingEncoder:
                 for s in slots:
                     self.release(s)
         self._traced, self._tracing = self._tracing, None
+        self._reset_stats()
+        return len(buckets)
+
+    def _reset_stats(self) -> None:
+        """Warm-up steps are not the live steps the engine's report counts."""
         self.calls.clear()
         self.seconds = dict.fromkeys(self.seconds, 0.0)
-        return len(buckets)
 
     def _build_fused_kernels(self, lookahead: int) -> None:
         """One stream's first, later, flushed and last chunks, so that the CPU JIT builds the fused
@@ -549,12 +553,10 @@ class StreamingEncoder:
         except RuntimeError as e:
             logger.warning("MLX's CPU JIT could not build the fused sigmoid and softmax (%s): using MLX's", e)
             self._pending.clear()  # the failed step's cache writes
-            layers = tuple(dataclasses.replace(lp, array_exp=False) for lp in self.params.layers)
-            self.params = dataclasses.replace(self.params, layers=layers)
+            self.params = dataclasses.replace(self.params, array_exp=False)
         finally:
             self.release(slot)
-        self.calls.clear()
-        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        self._reset_stats()
 
     # ---------------------------------------------------------------------------------------------
     # offline

@@ -99,7 +99,7 @@ enc = StreamingEncoder(b.encoder_weights, b.config.encoder, "f32", array_exp=Tru
 enc.warmup(3, 8)
 slot = enc.alloc(0, 3)
 frames = enc.step([ChunkInput(slot, np.ones((first_chunk_frames(3), 128), np.float32))])[0]
-print("array_exp", enc.params.layers[0].array_exp, "frames", frames.shape, bool(np.isfinite(frames).all()))
+print("array_exp", enc.params.array_exp, "frames", frames.shape, bool(np.isfinite(frames).all()))
 """
 
 

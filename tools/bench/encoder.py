@@ -403,7 +403,7 @@ def main(args: argparse.Namespace) -> int:
     title = (
         f"encoder step, {args.precision}, lookahead {lookahead}, {cfg.encoder.num_hidden_layers} layers x "
         f"{cfg.encoder.hidden_size}, compile={encoder.compiled}, "
-        f"array_exp={encoder.params.layers[0].array_exp}"
+        f"array_exp={encoder.params.array_exp}"
     )
     print(markdown_table(results, title))
     if args.json:
@@ -416,7 +416,7 @@ def main(args: argparse.Namespace) -> int:
             "warmup": warmup,
             "steps": args.steps,
             "compile": encoder.compiled,
-            "array_exp": encoder.params.layers[0].array_exp,
+            "array_exp": encoder.params.array_exp,
             "threads": args.threads,
             "reference": ref_note,
             "encoder_config": asdict(cfg.encoder),
