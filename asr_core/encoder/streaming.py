@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import fcntl
 import heapq
+import itertools
 import logging
 import os
 import tempfile
@@ -537,25 +538,38 @@ class StreamingEncoder:
         self.seconds = dict.fromkeys(self.seconds, 0.0)
 
     def _build_fused_kernels(self, lookahead: int) -> None:
-        """One stream's first, later, flushed and last chunks, so that the CPU JIT builds the fused
-        sigmoid and softmax kernels (`expmath`: g++, seconds on a machine that has not cached them)
-        before a call waits for them; their kernels do not depend on the batch size. Where the JIT
-        cannot build or load them (its cache under the temp directory not writable, g++ broken), the
-        encoder goes on with MLX's kernels and says so."""
-        n_mels = self.cfg.n_mels
-        slot = self.alloc(0, lookahead)
+        """Every kind of chunk a stream can send, so that the CPU JIT builds the fused sigmoid and
+        softmax kernels (`expmath`: g++, seconds on a machine that has not cached them) before a call
+        waits for them. A kernel depends on which of its operands' dimensions are 1 or contiguous, not
+        on their sizes: first, later, flushed (one chunk, and two: the second continues the first in
+        the call) and last chunks, full and one mel frame long, of one stream and of two cover every
+        batch. Where the JIT cannot build or load them (its cache under the temp directory not
+        writable, g++ broken), the encoder goes on with MLX's kernels and says so."""
+        first, later = self._chunk_size(lookahead, True), self._chunk_size(lookahead, False)
+        ks = (0, 1) if 2 * (lookahead + 1) <= self.params.t_max else (0,)  # flushes of 1 or 2 chunks
+        first_flushes = [(first + k * later, True, False) for k in ks]
+        later_chunks = [(later * (1 + k), True, False) for k in ks]
+        later_chunks += [(later, False, False), (later, False, True)]
+        streams = [  # per stream: (mel frames, flush, last) of its chunks, in order
+            [*first_flushes, (first, False, False), *later_chunks],
+            [(first, False, False), (1, False, True)],
+            [(1, False, True)],
+        ]
         try:
             with _jit_build_lock():
-                for first, last, flush in ((True, False, False), (False, False, True), (False, True, False)):
-                    size = self._chunk_size(lookahead, first)
-                    mel = np.zeros((size, n_mels), np.float32)
-                    self.step([ChunkInput(slot, mel, is_last=last, flush=flush)])
+                for chunks, batch in itertools.product(streams, (1, 2)):
+                    slots = [self.alloc(0, lookahead) for _ in range(batch)]
+                    try:
+                        for n, flush, last in chunks:
+                            mel = np.zeros((n, self.cfg.n_mels), np.float32)
+                            self.step([ChunkInput(s, mel, is_last=last, flush=flush) for s in slots])
+                    finally:
+                        for s in slots:
+                            self.release(s)
         except RuntimeError as e:
-            logger.warning("MLX's CPU JIT could not build the fused sigmoid and softmax (%s): using MLX's", e)
+            logger.warning("MLX's CPU JIT could not build the fused kernels (%s): using MLX's", e)
             self._pending.clear()  # the failed step's cache writes
             self.params = dataclasses.replace(self.params, array_exp=False)
-        finally:
-            self.release(slot)
         self._reset_stats()
 
     # ---------------------------------------------------------------------------------------------
