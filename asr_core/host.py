@@ -263,6 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m asr_core.host", description="the ASR engine process")
     p.add_argument("--model", required=True)
     p.add_argument("--precision", default="auto")
+    p.add_argument("--device-share", type=float, default=1.0, help="part of the accelerator's memory")
     p.add_argument("--config", required=True, help="EngineConfig as JSON")
     p.add_argument("--inputs", required=True, help="front-end channel ends, comma-separated")
     p.add_argument("--output", required=True, help="results channel end")
@@ -288,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from asr_core.model import AsrModel, release_mlx_thread
 
     try:
-        model = AsrModel.load(args.model, args.precision)
+        model = AsrModel.load(args.model, args.precision, args.device_share)
         config = engine_config_from_json(json.loads(args.config))
         out = _Output(ChannelWriter.open(ChannelEnd.decode(args.output)), status_period_s=0.25)
         inputs = [ChannelReader.open(ChannelEnd.decode(x)) for x in args.inputs.split(",") if x]

@@ -112,6 +112,20 @@ class EngineModel(Protocol):
         """Called on the engine's MLX thread, which then owns it."""
 
 
+def gpu_memory_limits(process_limit: int, share: float) -> tuple[int, int]:
+    """(memory limit, cache limit) in bytes for an engine process given `share` of the accelerator.
+
+    MLX lets each process use 80 % of the card's memory (its default memory limit, `process_limit`)
+    and keeps freed buffers for reuse up to that limit; at thousands of streams that is the whole card.
+    The cache is bounded (GPU_CACHE_LIMIT_BYTES); with several engine processes on one card each gets
+    its share of the limit, beyond which MLX frees its cached buffers before allocating, and a cache of
+    at most a quarter of that share: four processes that each took 80 % ran the card out of memory."""
+    if not 0 < share <= 1:
+        raise ValueError(f"device share must be in (0, 1], got {share}")
+    memory = int(process_limit * share)
+    return memory, min(GPU_CACHE_LIMIT_BYTES, memory // 4)
+
+
 def release_mlx_thread() -> None:
     """Wait for the calling thread's MLX work and destroy its streams. Every thread that ran MLX work
     calls this last: MLX keeps streams (with their CUDA handles) per thread, and one destroyed after
@@ -155,12 +169,13 @@ class AsrModel:
         self._text = _TextAdapter(tokenizer)
 
     @classmethod
-    def load(cls, model_dir: str | Path, precision: str = "auto") -> AsrModel:
+    def load(cls, model_dir: str | Path, precision: str = "auto", device_share: float = 1.0) -> AsrModel:
         """Load the bundle in `model_dir` once (any layout `load_bundle` reads): validated files, MLX
         encoder weights, tokenizer.
 
         `precision`: "f32", "f16", "bf16", or "auto" (f32 on the CPU; on a GPU f16, or the stored
-        dtype of an MLX layout).
+        dtype of an MLX layout). `device_share` (0, 1]: the part of the accelerator's memory this
+        process may use, where several engine processes share one (`gpu_memory_limits`).
         """
         import mlx.core as mx
 
@@ -170,9 +185,9 @@ class AsrModel:
 
         device = "gpu" if mx.default_device() == mx.gpu else "cpu"
         if device == "gpu":
-            # MLX keeps freed buffers for reuse up to the whole memory limit; at thousands of streams
-            # that is the whole card. Bound the cache (what is in use is not limited by this).
-            mx.set_cache_limit(GPU_CACHE_LIMIT_BYTES)
+            memory, cache = gpu_memory_limits(mx.get_memory_limit(), device_share)
+            mx.set_memory_limit(memory)
+            mx.set_cache_limit(cache)
         bundle = load_bundle(Path(model_dir), precision)
         # Materialize the weights here: MLX streams are thread-local (mlx >= 0.31.2), so nothing the
         # MLX thread reads may still be an unevaluated graph of this thread's stream.

@@ -118,8 +118,10 @@ class EngineProcess:
         results_channel_bytes: int = RESULTS_CHANNEL_BYTES,
         env: dict[str, str] | None = None,
         role: str = "engine",
+        device_share: float = 1.0,
     ) -> None:
         self.model_dir = str(model_dir)
+        self.device_share = device_share  # of the accelerator's memory (several engines share one)
         self.role = role  # its name in process listings
         self.precision = precision
         self.config = config
@@ -162,6 +164,7 @@ class EngineProcess:
         cmd = [
             self.python, "-m", "asr_core.host",
             "--model", self.model_dir, "--precision", self.precision,
+            "--device-share", repr(self.device_share),
             "--config", json.dumps(engine_config_to_json(self.config)),
             "--inputs", ",".join(e.encode() for e in engine_inputs),
             "--output", w.encode(),

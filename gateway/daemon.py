@@ -981,6 +981,7 @@ def _main_with_workers(settings: Settings, workers: int) -> int:
                     front_ends=front_ends,
                     log_level=settings.log.level,
                     role="engine" if n_engines == 1 else f"engine_{k}",
+                    device_share=1 / n_engines,
                 )
                 engines.append(engine)
                 t0 = time.monotonic()

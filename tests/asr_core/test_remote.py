@@ -19,7 +19,7 @@ import pytest
 from asr_core.api import StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import DecoderConfig, EngineConfig, SchedulerConfig
 from asr_core.engine import AsrEngine
-from asr_core.model import AsrModel
+from asr_core.model import GPU_CACHE_LIMIT_BYTES, AsrModel, gpu_memory_limits
 from asr_core.remote import EngineProcess
 from asr_core.wire import Event, Step
 from tools.bench.engine import synthetic_call
@@ -161,3 +161,18 @@ def test_the_parent_sees_the_engine_process_die(engine_process: Any) -> None:
     engine.proc.wait(10)
     assert not engine.poll_control()
     assert engine.failure is not None and "exited" in engine.failure
+
+
+def test_engine_processes_on_one_accelerator_split_its_memory() -> None:
+    """Each engine process may use its share of what MLX allows one process (80 % of the card), and
+    caches at most a quarter of that (never above GPU_CACHE_LIMIT_BYTES): four processes that each
+    assumed the whole card ran an H200 out of memory at 1 500 calls."""
+    limit = 111 << 30  # MLX's default on a 139 GiB card
+    assert gpu_memory_limits(limit, 1.0) == (limit, GPU_CACHE_LIMIT_BYTES)
+    memory, cache = gpu_memory_limits(limit, 1 / 4)
+    assert memory == limit // 4 and cache == memory // 4
+    assert 4 * memory <= limit  # the shares add up to one process's limit, not four of them
+    with pytest.raises(ValueError):
+        gpu_memory_limits(limit, 0.0)
+    with pytest.raises(ValueError):
+        gpu_memory_limits(limit, 1.5)
