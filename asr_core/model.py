@@ -188,6 +188,10 @@ class AsrModel:
             memory, cache = gpu_memory_limits(mx.get_memory_limit(), device_share)
             mx.set_memory_limit(memory)
             mx.set_cache_limit(cache)
+            logger.info(
+                "accelerator memory for this process: %.1f GiB, of it at most %.1f GiB of cached buffers",
+                memory / 2**30, cache / 2**30,
+            )  # fmt: skip
         bundle = load_bundle(Path(model_dir), precision)
         # Materialize the weights here: MLX streams are thread-local (mlx >= 0.31.2), so nothing the
         # MLX thread reads may still be an unevaluated graph of this thread's stream.
