@@ -119,7 +119,7 @@ def gpu_memory_limits(process_limit: int, share: float) -> tuple[int, int]:
     and keeps freed buffers for reuse up to that limit; at thousands of streams that is the whole card.
     The cache is bounded (GPU_CACHE_LIMIT_BYTES); with several engine processes on one card each gets
     its share of the limit, beyond which MLX frees its cached buffers before allocating, and a cache of
-    at most a quarter of that share: four processes that each took 80 % ran the card out of memory."""
+    at most a quarter of that share: N processes that each assume 80 % of the card together outgrow it."""
     if not 0 < share <= 1:
         raise ValueError(f"device share must be in (0, 1], got {share}")
     memory = int(process_limit * share)

@@ -55,6 +55,7 @@ from asr_core.encoder.layers import (
     subsample,
 )
 from asr_core.errors import EngineFullError
+from asr_core.frontend import flush_extra_chunks
 from asr_core.quant import Linear
 
 logger = logging.getLogger(__name__)
@@ -510,8 +511,7 @@ class StreamingEncoder:
         self._traced = None
         buckets = sorted({self._bucket(b) for b in range(1, max_batch + 1)})
         n_mels = self.cfg.n_mels
-        # A flush is the next chunk and one more, where the position tables reach (model.py).
-        extra = 1 if 2 * (lookahead + 1) <= self.params.t_max else 0
+        extra = flush_extra_chunks(lookahead, self.cfg.supported_lookaheads)
         for B in buckets:
             slots = [self.alloc(0, lookahead) for _ in range(B)]
             try:
@@ -546,9 +546,9 @@ class StreamingEncoder:
         batch. Where the JIT cannot build or load them (its cache under the temp directory not
         writable, g++ broken), the encoder goes on with MLX's kernels and says so."""
         first, later = self._chunk_size(lookahead, True), self._chunk_size(lookahead, False)
-        ks = (0, 1) if 2 * (lookahead + 1) <= self.params.t_max else (0,)  # flushes of 1 or 2 chunks
-        first_flushes = [(first + k * later, True, False) for k in ks]
-        later_chunks = [(later * (1 + k), True, False) for k in ks]
+        extra = range(flush_extra_chunks(lookahead, self.cfg.supported_lookaheads) + 1)
+        first_flushes = [(first + k * later, True, False) for k in extra]
+        later_chunks = [(later * (1 + k), True, False) for k in extra]
         later_chunks += [(later, False, False), (later, False, True)]
         streams = [  # per stream: (mel frames, flush, last) of its chunks, in order
             [*first_flushes, (first, False, False), *later_chunks],

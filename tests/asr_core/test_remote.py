@@ -165,8 +165,8 @@ def test_the_parent_sees_the_engine_process_die(engine_process: Any) -> None:
 
 def test_engine_processes_on_one_accelerator_split_its_memory() -> None:
     """Each engine process may use its share of what MLX allows one process (80 % of the card), and
-    caches at most a quarter of that (never above GPU_CACHE_LIMIT_BYTES): four processes that each
-    assumed the whole card ran an H200 out of memory at 1 500 calls."""
+    caches at most a quarter of that (never above GPU_CACHE_LIMIT_BYTES): processes that each assumed
+    the whole card would together outgrow it."""
     limit = 111 << 30  # MLX's default on a 139 GiB card
     assert gpu_memory_limits(limit, 1.0) == (limit, GPU_CACHE_LIMIT_BYTES)
     memory, cache = gpu_memory_limits(limit, 1 / 4)
