@@ -19,8 +19,12 @@ whether its log shows an abort ("terminate called", "Aborted", "core dumped").
 Per level (summary.md / summary.json in `--out`, each replay's own report in `level_<N>/`):
 calls offered, completed, rejected; TTF p50/p95 and first-partial p50 over every utterance of every
 replay process (an utterance without a final counts as infinitely late in the p95, as in replay's
-capacity rule); RTP packets the gateway counted over those sent; encoder batch size, step time and
-steps per second, decoder step time and dropped chunks from /metrics deltas; mean CPU of each
+capacity rule). Of the utterances without a final, those without a partial either are counted, and
+the p95 is given once more without them: a bundle that emits no token for an utterance publishes
+nothing for it, which loses no final (the random benchmark bundle does so for a few sentences; a
+partial without a final, or dropped chunks, would be a loss). RTP packets the gateway counted
+over those sent; encoder batch size, step time and steps per second, decoder step time and dropped
+chunks from /metrics deltas; mean CPU of each
 process (% of one core) and the GPU's mean/peak utilisation over the level.
 """
 
@@ -38,6 +42,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--call-seconds", type=float, default=30.0, help="speech per call (30)")
     parser.add_argument("--cps", type=float, default=50.0, help="new calls per second per replay process")
     parser.add_argument("--calls-per-replay", type=int, default=700, help="calls one replay process drives")
+    parser.add_argument(
+        "--replay-nice",
+        type=int,
+        default=0,
+        help="niceness of the replay processes: >0 lets the gateway's processes run first when they share "
+        "the machine's cores with the load (a PBX is another machine); 0 (default): equal priority",
+    )
     parser.add_argument("--audio", type=Path, help="folder of speech files for the calls")
     parser.add_argument("--generate", type=int, default=10, help="else: espeak-ng files to generate (10)")
     parser.add_argument("--env", action="append", default=[], metavar="TTG_X=V", help="daemon setting")
@@ -257,12 +269,42 @@ def _engine_numbers(before: dict[str, float], after: dict[str, float], seconds: 
 # --- one level ---------------------------------------------------------------------------------------
 
 
+class _SentenceLabels:
+    """Names a call's utterances "clip#k" (its k-th speech segment, as replay finds them), so that
+    the sentences without any transcript can be compared across levels."""
+
+    def __init__(self, audio_dir: Path, pause_ms: int) -> None:
+        self._dir, self._pause_ms = audio_dir, pause_ms
+        self._counts: dict[str, int] = {}
+
+    def of_call(self, clips: list[str], n: int) -> list[str]:
+        labels = [f"{clip}#{k}" for clip in clips for k in range(self._count(clip))]
+        return labels if len(labels) == n else ["?"] * n
+
+    def _count(self, clip: str) -> int:
+        if clip not in self._counts:
+            from tools.replay.audio import load_clip
+
+            path = self._dir / clip
+            self._counts[clip] = len(load_clip(path, self._pause_ms).utterances) if path.exists() else 0
+        return self._counts[clip]
+
+
+def _p95(ordered: list[float]) -> float | str | None:
+    """The nearest-rank 95th percentile of an ascending list ("inf" when it falls on a missing final)."""
+    if not ordered:
+        return None
+    value = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+    return round(value, 3) if math.isfinite(value) else "inf"
+
+
 def _merge_reports(folders: list[Path]) -> dict[str, Any]:
     calls = completed = rejected = 0
     sent = counted = 0
     ttf: list[float] = []
     ttfp: list[float] = []
     missing = 0
+    silent: Counter[str] = Counter()  # of `missing`: no partial either, by sentence ("clip#k")
     harness_cpu: list[float] = []
     lateness_p99: list[float] = []
     for folder in folders:
@@ -278,24 +320,32 @@ def _merge_reports(folders: list[Path]) -> dict[str, Any]:
         counted += s.get("gateway_rtp_packets") or 0
         harness_cpu.append(r["harness"]["cpu_percent"])
         lateness_p99.append(r["harness"]["send_lateness_ms"]["p99"] or 0.0)
+        sentences = _SentenceLabels(Path(r["config"]["audio_dir"]), int(r["config"]["media"]["pause_ms"]))
         for c in r["calls"]:
-            for u in c.get("utterances") or []:
+            utterances = c.get("utterances") or []
+            labels = sentences.of_call(c.get("clips") or [], len(utterances))
+            for u, label in zip(utterances, labels, strict=True):
                 if u.get("ttf_s") is None:
                     missing += 1
+                    if u.get("ttfp_s") is None:
+                        silent[label] += 1
                 else:
                     ttf.append(u["ttf_s"])
                 if u.get("ttfp_s") is not None:
                     ttfp.append(u["ttfp_s"])
     everything = sorted(ttf) + [math.inf] * missing
-    p95 = everything[min(len(everything) - 1, math.ceil(0.95 * len(everything)) - 1)] if everything else None
+    spoken = sorted(ttf) + [math.inf] * (missing - silent.total())  # utterances with any transcript
     return {
         "calls": calls,
         "completed": completed,
         "rejected": rejected,
         "utterances": len(everything),
         "without_final": missing,
+        "without_any_transcript": silent.total(),
+        "without_any_transcript_by_sentence": dict(sorted(silent.items())),
         "ttf_p50_s": round(float(np.percentile(ttf, 50)), 3) if ttf else None,
-        "ttf_p95_s": None if p95 is None else (round(p95, 3) if math.isfinite(p95) else "inf"),
+        "ttf_p95_s": _p95(everything),
+        "ttf_p95_spoken_s": _p95(spoken),
         "ttfp_p50_s": round(float(np.percentile(ttfp, 50)), 3) if ttfp else None,
         "rtp_received_percent": round(100 * counted / sent, 1) if sent else None,
         "replay_cpu_percent": [round(x, 1) for x in harness_cpu],
@@ -319,7 +369,7 @@ def _replay_cmd(
         cmd += ["--find-capacity", "--max-calls", str(n)]
     else:
         cmd += ["--calls", str(n), "--total", str(n)]
-    return cmd
+    return ["nice", "-n", str(args.replay_nice), *cmd] if args.replay_nice else cmd
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -441,8 +491,16 @@ def _table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.get("cpu_percent", {}).items()))
         gpu = f"{r['gpu_util_mean']:.0f} / {r['gpu_util_max']:.0f}" if "gpu_util_mean" in r else "-"
+        missing = ""
+        if r.get("without_final"):
+            silent = r.get("without_any_transcript")
+            missing = (
+                f" ({r['without_final']} without a final, {silent} of them without a partial; "
+                f"p95 of the others {r.get('ttf_p95_spoken_s')})"
+            )
         lines.append(
-            f"| {r['level']} | {r.get('completed', '-')} | {r.get('ttf_p50_s')} / {r.get('ttf_p95_s')} | "
+            f"| {r['level']} | {r.get('completed', '-')} | "
+            f"{r.get('ttf_p50_s')} / {r.get('ttf_p95_s')}{missing} | "
             f"{r.get('ttfp_p50_s')} | {r.get('rtp_received_percent')} % | {r.get('mean_batch')} | "
             f"{r.get('mean_step_ms')} | {r.get('steps_per_s')} | {r.get('mean_decoder_step_ms')} | "
             f"{r.get('dropped_chunks')} | {gpu} | {cpu} |"
