@@ -56,8 +56,9 @@ class SchedulerConfig:
 class DecoderConfig:
     # "workers": each stream pinned to one of `workers` threads that decodes its chunks one by one.
     # "batched": each worker advances all its due streams in one batched greedy pass.
-    # "device": the MLX thread decodes every row of an encoder step on the accelerator right after the
-    # step (predictor states stay on the device); the workers only assemble transcripts.
+    # "device": every row of an encoder step is decoded on the accelerator (predictor states stay on the
+    # device) by the device decoder's own thread while the MLX thread runs the next step; the workers
+    # only assemble transcripts.
     mode: DecoderMode = "batched"
     workers: int = 2
 

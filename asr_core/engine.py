@@ -12,8 +12,12 @@
                                       <--- chunk_decoded -----------  on_event(TranscriptEvent ...)
 
 Ownership: the MLX thread owns the encoder slot pool (alloc, release and step happen only there);
-each decoder worker owns its ORT sessions and the decoder states, assemblers and callbacks of the
-streams pinned to it (least-loaded worker at open), so per-stream state is single-threaded. The
+in decoder mode "device" a second MLX thread, the device decoder's, owns the predictor states on the
+device: it takes each step's output in order (`_StepOutput`: leavers, joiners, encoded chunks) and
+decodes it while the MLX thread runs the next step, so a step's wall time is not encoding plus
+decoding; one output queued behind the one it decodes, then the MLX thread waits. Each decoder
+worker owns its ORT sessions and the decoder states, assemblers and callbacks of the streams pinned
+to it (least-loaded worker at open), so per-stream state is single-threaded. The
 scheduler is shared under one lock, held only for its (cheap) pure calls, never across a step.
 Everything for a stream reaches its worker through one FIFO queue (opened, chunks, done), so its
 events come in order and `StreamEnded` is always last.
@@ -78,7 +82,7 @@ from asr_core.model import (
     EngineModel,
     StreamDecoder,
 )
-from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepPlan, StreamPhase
+from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepPlan, StreamLeft, StreamPhase
 from asr_core.transcript import Token, TranscriptAssembler
 
 logger = logging.getLogger(__name__)
@@ -104,7 +108,7 @@ class _Done:
 
 @dataclass(frozen=True, slots=True)
 class _Decoded:
-    """A chunk the MLX thread already decoded on the device (decoder mode "device"): its tokens from
+    """A chunk already decoded on the device (decoder mode "device"): its tokens from
     frame `skip` on, and for a flush the tokens of its padding (decoded from a copy of the state)."""
 
     chunk: EncodedChunk[ChunkPayload]
@@ -119,8 +123,23 @@ class _EngineFailed:
     error: str
 
 
+@dataclass(frozen=True, slots=True)
+class _StepOutput:
+    """What an encoder step hands on, in step order: the streams that left (with the worker that gets
+    their `_Done`), the streams that joined, and the encoded chunks with their workers."""
+
+    left: list[tuple[int | None, StreamLeft]]
+    joined: list[int]
+    chunks: list[EncodedChunk[ChunkPayload]] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
+
+
 _STOP = object()
 EndReason = Literal["finished", "closed", "error"]
+# Step outputs waiting for the device decoder: one being decoded while the next step runs, one more
+# queued; beyond that the MLX thread waits (a decoder slower than the encoder backs up into the
+# scheduler's bounded queues, where overload is counted).
+_DEVICE_BACKLOG = 2
 
 
 @dataclass(slots=True)
@@ -168,9 +187,15 @@ class AsrEngine:
         self._load = [0] * self.config.decoder.workers
         self._slots: dict[int, int] = {}  # MLX thread only
         self._encoder: EncoderBackend | None = None  # built and owned by the MLX thread
-        self._device: DeviceDecoderBackend | None = None  # decoder mode "device": the MLX thread's too
-        self._device_slots: dict[int, int] = {}  # MLX thread only
-        self._device_next: dict[int, int] = {}  # MLX thread only: first frame not decoded, per stream
+        # Decoder mode "device": the device decoder and its per-stream state belong to its own thread,
+        # which decodes a step's chunks while the MLX thread runs the next step.
+        self._device: DeviceDecoderBackend | None = None
+        self._device_slots: dict[int, int] = {}  # device-decoder thread only
+        self._device_next: dict[int, int] = {}  # device-decoder thread only: first frame not decoded
+        self._device_jobs: queue.Queue[_StepOutput | None] | None = None
+        self._device_thread: threading.Thread | None = None
+        self._device_failure: BaseException | None = None  # its start failed
+        self._decode_s = 0.0  # the device decoder's running total (written by its thread only)
         self._report = _StepReport(time.perf_counter() + _STEP_REPORT_S)  # MLX thread only
         self._max_streams: int | None = None  # set by the MLX thread before the engine is ready
         self._ready = threading.Event()
@@ -397,9 +422,6 @@ class AsrEngine:
         try:
             self._encoder = self.model.create_encoder()
             self._max_streams = getattr(self._encoder, "max_streams", None)
-            if self.config.decoder.mode == "device":
-                self._device = self.model.new_device_decoder()
-                self._device.warmup(self.config.scheduler.max_batch)
             # On a GPU the step is mx.compile'd per batch bucket: trace them all now (seconds) so
             # that no live step pays for it; on an x86-64 CPU, build the fused sigmoid and softmax.
             warmup = getattr(self._encoder, "warmup", None)
@@ -409,9 +431,15 @@ class AsrEngine:
                     self.model.default_lookahead if lookahead is None else lookahead,
                     self.config.scheduler.max_batch,
                 )
+            if self.config.decoder.mode == "device":
+                # Built and warmed up on its own thread, after the encoder (one compiler at a time).
+                self._start_device_thread().wait()
+                if self._device_failure is not None:
+                    raise self._device_failure
         except BaseException as e:
             logger.critical("ASR encoder could not be built", exc_info=e)
             self._failure = e
+            self._stop_device_thread()
             self._ready.set()
             return
         self._ready.set()
@@ -433,50 +461,29 @@ class AsrEngine:
             self._fail(e)
         finally:
             if self._encoder is not None:
-                self._report.log(time.perf_counter(), self._encoder, self._device)
-            self._release_device()
-
-    def _release_device(self) -> None:
-        """MLX thread, last thing: free the device state it built and its thread-local streams, so that
-        nothing of the accelerator's runtime is left for thread or process teardown (MLX's CUDA
-        backend aborts the process when a thread's streams outlive the runtime)."""
-        self._device = None
-        encoder, self._encoder = self._encoder, None
-        close = getattr(encoder, "close", None)
-        if close is not None:
-            try:
-                close()
-            except Exception:
-                logger.exception("releasing the encoder failed")
+                self._report.log(time.perf_counter(), self._encoder, self._device, self._decode_s)
+            self._stop_device_thread()  # after the step outputs it still holds: their chunks and _Done
+            encoder, self._encoder = self._encoder, None
+            _release_on_this_thread(encoder, "encoder")
 
     def _run(self, plan: StepPlan[ChunkPayload]) -> None:
         encoder = self._encoder
         assert encoder is not None
-        device = self._device
         for left in plan.left:
             if left.had_slot:
                 encoder.release(self._slots.pop(left.key))
-                if device is not None:
-                    device.release(self._device_slots.pop(left.key))
-                    self._device_next.pop(left.key, None)
         with self._lock:
             routes = [(self._route.pop(left.key, None), left) for left in plan.left]
-        for worker, left in routes:
-            if worker is not None:
-                self._workers[worker].queue.put(_Done(left.key, left.reason))
         for j in plan.joined:
             self._slots[j.key] = encoder.alloc(j.prompt_id, j.lookahead)
-        if device is not None and plan.joined:
-            for j, slot in zip(plan.joined, device.alloc_many(len(plan.joined)), strict=True):
-                self._device_slots[j.key] = slot
-                self._device_next[j.key] = 0
+        if plan.left or plan.joined:
+            self._hand_on(_StepOutput(routes, [j.key for j in plan.joined]))
         if not plan.rows:
             return
         rows = [(self._slots[r.key], r.payload.mel, r.is_last, r.flush) for r in plan.rows]
         t0 = time.perf_counter()
         frames = encoder.step(rows)
         seconds = time.perf_counter() - t0
-        by_worker: dict[int, list[Any]] = {}
         with self._lock:
             self._sched.observe_step(len(rows), seconds)
             chunks = self._sched.update_from_output(plan, frames, self._clock())
@@ -484,14 +491,97 @@ class AsrEngine:
         self.hooks.encoder_step(seconds, len(rows), [r.queue_wait_s for r in plan.rows])
         self._report.rows += len(rows)
         if t0 >= self._report.due:
-            self._report.log(t0, encoder, device)
-        items: list[Any] = list(chunks)
-        if device is not None and chunks:
-            items = self._decode_on_device(device, chunks)
-        for w, item in zip(owners, items, strict=True):
+            self._report.log(t0, encoder, self._device, self._decode_s)
+        if chunks:
+            self._hand_on(_StepOutput([], [], chunks, owners))
+
+    def _hand_on(self, out: _StepOutput) -> None:
+        """A step's output to the decoding side: the device decoder's thread (in order, waiting while
+        it is `_DEVICE_BACKLOG` outputs behind), or straight to the workers."""
+        jobs = self._device_jobs
+        if jobs is None:
+            self._deliver(out)
+            return
+        while True:
+            try:
+                jobs.put(out, timeout=0.5)
+                return
+            except queue.Full:
+                if self._failure is not None:
+                    raise EngineStoppedError(f"the device decoder stopped: {self._failure!r}") from None
+
+    def _deliver(self, out: _StepOutput) -> None:
+        """Device decoder slots freed and made (decoder mode "device"), each leaving stream's `_Done`
+        to its worker, then the chunks (decoded on the device first in that mode) to theirs. A
+        stream's `_Done` comes after every chunk of it handed on before."""
+        device = self._device
+        for worker, left in out.left:
+            if device is not None and left.had_slot:
+                device.release(self._device_slots.pop(left.key))
+                self._device_next.pop(left.key, None)
+            if worker is not None:
+                self._workers[worker].queue.put(_Done(left.key, left.reason))
+        if device is not None and out.joined:
+            for key, slot in zip(out.joined, device.alloc_many(len(out.joined)), strict=True):
+                self._device_slots[key] = slot
+                self._device_next[key] = 0
+        if not out.chunks:
+            return
+        items: list[Any] = list(out.chunks)
+        if device is not None:
+            items = self._decode_on_device(device, out.chunks)
+        by_worker: dict[int, list[Any]] = {}
+        for w, item in zip(out.owners, items, strict=True):
             by_worker.setdefault(w, []).append(item)
         for w, batch in by_worker.items():
             self._workers[w].queue.put(batch)
+
+    # -- the device decoder's thread (decoder mode "device") -----------------------------------------
+
+    def _start_device_thread(self) -> threading.Event:
+        ready = threading.Event()
+        self._device_jobs = queue.Queue(maxsize=_DEVICE_BACKLOG)
+        self._device_thread = threading.Thread(
+            target=self._device_loop, args=(ready,), name="asr-device-decoder", daemon=True
+        )
+        self._device_thread.start()
+        return ready
+
+    def _device_loop(self, ready: threading.Event) -> None:
+        """Builds the device decoder, then decodes the step outputs in order until `None`; an error is
+        fatal to the engine, as on the MLX thread."""
+        jobs = self._device_jobs
+        assert jobs is not None
+        try:
+            try:
+                self._device = self.model.new_device_decoder()
+                self._device.warmup(self.config.scheduler.max_batch)
+            except BaseException as e:
+                self._device_failure = e
+                return
+            finally:
+                ready.set()
+            while (out := jobs.get()) is not None:
+                self._deliver(out)
+        except BaseException as e:
+            self._fail(e)
+        finally:
+            device, self._device = self._device, None
+            _release_on_this_thread(device, "device decoder")
+
+    def _stop_device_thread(self) -> None:
+        """Let the device decoder finish what it was handed (a failed one takes nothing more), then
+        join its thread."""
+        thread, jobs = self._device_thread, self._device_jobs
+        if thread is None or jobs is None:
+            return
+        while thread.is_alive():
+            try:
+                jobs.put(None, timeout=0.5)
+                break
+            except queue.Full:
+                continue
+        thread.join()
 
     def _decode_on_device(
         self, device: DeviceDecoderBackend, chunks: list[EncodedChunk[ChunkPayload]]
@@ -519,7 +609,7 @@ class AsrEngine:
             if c.flush:
                 padding[i] = [e for e in ems if e.frame >= end]
         dt = time.perf_counter() - t0
-        self._report.decode_s += dt
+        self._decode_s += dt
         self.hooks.decoder_step(dt, len(chunks))
         share = dt / len(chunks)
         return [
@@ -528,8 +618,11 @@ class AsrEngine:
         ]
 
     def _fail(self, error: BaseException) -> None:
-        logger.critical("ASR encoder thread failed; the engine stops", exc_info=error)
         with self._wake:
+            if self._failure is not None:  # the other MLX thread failed first: reported already
+                logger.error("after the engine's failure: %r", error)
+                return
+            logger.critical("ASR %s thread failed; the engine stops", _thread_role(), exc_info=error)
             self._failure = error
             self._accepting = False
             self._idle.notify_all()
@@ -549,14 +642,17 @@ class _StepReport:
 
     due: float
     rows: int = 0
-    decode_s: float = 0.0  # the device decoder's, on this thread
     last: dict[str, float] = field(default_factory=dict)
     since: float = field(default_factory=time.perf_counter)
 
-    def log(self, now: float, encoder: EncoderBackend, device: DeviceDecoderBackend | None) -> None:
+    def log(
+        self, now: float, encoder: EncoderBackend, device: DeviceDecoderBackend | None, decode_s: float
+    ) -> None:
+        """`decode_s`: the device decoder's running total (on its own thread, beside the steps)."""
         self.due = now + _STEP_REPORT_S
         stats = getattr(encoder, "stats", None)
         totals: dict[str, float] = stats() if stats is not None else {}
+        totals["decode_s"] = decode_s
         if device is not None:
             totals.update({f"decoder_{k}": v for k, v in device.stats().items()})
         d = {k: v - self.last.get(k, 0.0) for k, v in totals.items()}
@@ -568,9 +664,25 @@ class _StepReport:
                 steps, now - self.since, self.rows / steps, d.get("sub", 0.0) / steps,
                 d.get("stack", 0.0) / steps, d.get("untraced", 0.0) / steps,
                 *(1e3 * d.get(f"{k}_s", 0.0) / steps for k in ("plan", "graph", "eval", "copy")),
-                1e3 * self.decode_s / steps, _decoder_rates(d),
+                1e3 * d["decode_s"] / steps, _decoder_rates(d),
             )  # fmt: skip
-        self.last, self.rows, self.decode_s, self.since = totals, 0, 0.0, now
+        self.last, self.rows, self.since = totals, 0, now
+
+
+def _thread_role() -> str:
+    return "device decoder" if threading.current_thread().name == "asr-device-decoder" else "encoder"
+
+
+def _release_on_this_thread(part: object, what: str) -> None:
+    """A part's last call, on the thread that built it: free its device state and the thread's MLX
+    streams, so that nothing of the accelerator's runtime is left for thread or process teardown
+    (MLX's CUDA backend aborts the process when a thread's streams outlive the runtime)."""
+    close = getattr(part, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:
+            logger.exception("releasing the %s failed", what)
 
 
 def _decoder_rates(d: dict[str, float]) -> str:

@@ -56,7 +56,8 @@ class BatchDecoder(Protocol):
 
 
 class DeviceDecoderBackend(Protocol):
-    """Greedy decoding of a whole encoder step on the accelerator (owned by the engine's MLX thread)."""
+    """Greedy decoding of a whole encoder step on the accelerator (owned by the engine's device-decoder
+    thread, which builds it, decodes with it and lets go of it: `close` if it has one)."""
 
     def alloc_many(self, n: int) -> list[int]:
         """Slots for n new streams (a step's joins)."""
@@ -416,3 +417,9 @@ class _DeviceDecoderAdapter:
     ) -> list[list[Token]]:
         out = self._dec.decode(slots, frames, first_frames, commit_frames=commit_frames)
         return [[Token(int(e.token), int(e.frame), float(e.prob)) for e in ems] for ems in out]
+
+    def close(self) -> None:
+        """On the thread that built it, after its last decode: drop the device state and end the
+        thread's MLX streams (see `release_mlx_thread`)."""
+        self._dec = None
+        release_mlx_thread()

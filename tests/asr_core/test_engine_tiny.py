@@ -4,6 +4,7 @@ tokenizer, features, chunker): batched == solo, 64 concurrent real-time streams,
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import subprocess
 import threading
@@ -18,6 +19,7 @@ import pytest
 from asr_core.api import AsrEvent, StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import DecoderConfig, DecoderMode, EndpointConfig, EngineConfig, SchedulerConfig
 from asr_core.engine import AsrEngine
+from asr_core.errors import EngineStoppedError
 from asr_core.model import AsrModel, EncoderBackend
 from asr_core.vad import VadConfig
 from tests.fixtures import peers
@@ -307,3 +309,104 @@ def test_the_mlx_thread_reports_where_its_steps_went(
     assert sum(steps) == len(hooks.batches)
     assert sum(s * r for s, r in zip(steps, rows, strict=True)) == pytest.approx(sum(hooks.batches), rel=0.05)
     assert all("stack" in m and "graph" in m and "eval" in m for m in lines)
+
+
+class _WatchedDeviceDecoder:
+    """The real device decoder, seen from outside: which threads decode, how many encoder steps ran
+    while a decode was under way, and (optionally) a failure on the n-th decode."""
+
+    def __init__(self, inner: Any, model: StepCountingModel, fail_on: int | None) -> None:
+        self._inner = inner
+        self._model = model
+        self._fail_on = fail_on
+        self.decodes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def decode(self, slots: Any, frames: Any, first_frames: Any, **kw: Any) -> Any:
+        self.decodes += 1
+        self._model.decode_threads.add(threading.current_thread().name)
+        if self.decodes == self._fail_on:
+            raise RuntimeError("device decoder lost")
+        if self.decodes == 1:  # does the encoder run the next step while this one decodes?
+            with self._model.stepped:
+                seen = self._model.steps
+                self._model.stepped.wait_for(lambda: self._model.steps > seen, timeout=10.0)
+                self._model.steps_during_first_decode = self._model.steps - seen
+        return self._inner.decode(slots, frames, first_frames, **kw)
+
+
+class StepCountingModel(RecordingModel):
+    def __init__(self, model: AsrModel, fail_decode_on: int | None = None) -> None:
+        super().__init__(model)
+        self._fail_on = fail_decode_on
+        self.steps = 0
+        self.stepped = threading.Condition()
+        self.steps_during_first_decode = 0
+        self.step_threads: set[str] = set()
+        self.decode_threads: set[str] = set()
+        self.new_device_decoder = self._watched_device_decoder
+
+    def create_encoder(self) -> EncoderBackend:
+        inner = super().create_encoder()
+        model = self
+
+        class Counted:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def step(self, rows: Sequence[tuple[int, np.ndarray, bool, bool]]) -> list[np.ndarray]:
+                out = inner.step(rows)
+                model.step_threads.add(threading.current_thread().name)
+                with model.stepped:
+                    model.steps += 1
+                    model.stepped.notify_all()
+                return out
+
+        return Counted()
+
+    def _watched_device_decoder(self) -> Any:
+        return _WatchedDeviceDecoder(self._model.new_device_decoder(), self, self._fail_on)
+
+
+def _push_all(eng: AsrEngine, audios: list[np.ndarray], cols: list[Stream]) -> None:
+    streams = [eng.open_stream(f"s{i}", StreamOptions(language="en-US"), c) for i, c in enumerate(cols)]
+    for s, a in zip(streams, audios, strict=True):
+        for i in range(0, len(a), 3200):
+            s.push(a[i : i + 3200])
+        s.finish()
+
+
+def test_device_decoding_runs_beside_the_next_encoder_step(tiny_model: AsrModel) -> None:
+    """Decoder mode "device": a step's chunks are decoded on the device decoder's own thread while the
+    MLX thread runs the next step (so a step's wall time is not encoding plus decoding), and the
+    streams' transcripts are still those of the workers decoding alone."""
+    audios = [synthetic_call(2.5, seed=40 + i) for i in range(3)]
+    with AsrEngine(tiny_model, config(mode="workers", max_queued_chunks=1000)) as eng:
+        solos = [run_solo(eng, a, StreamOptions(language="en-US")) for a in audios]
+    model = StepCountingModel(tiny_model)
+    cols = [Stream() for _ in audios]
+    with AsrEngine(model, config(mode="device", max_queued_chunks=1000)) as eng:
+        _push_all(eng, audios, cols)
+        ends = [c.wait() for c in cols]
+    assert [e.reason for e in ends] == ["finished"] * 3
+    assert model.step_threads == {"asr-encoder"} and model.decode_threads == {"asr-device-decoder"}
+    assert model.steps_during_first_decode >= 1
+    assert [c.tokens for c in cols] == [s.tokens for s in solos]
+
+
+def test_a_device_decoder_failure_stops_the_engine_loudly(tiny_model: AsrModel) -> None:
+    """An error on the device decoder's thread is fatal like one on the MLX thread: every stream ends
+    with reason "error", `on_fatal` gets the error, and the engine takes nothing more."""
+    fatal: list[BaseException] = []
+    model = StepCountingModel(tiny_model, fail_decode_on=3)
+    cols = [Stream() for _ in range(3)]
+    eng = AsrEngine(model, config(mode="device", max_queued_chunks=1000), on_fatal=fatal.append).start()
+    with contextlib.suppress(EngineStoppedError):  # pushes may fail once the engine stopped
+        _push_all(eng, [synthetic_call(3.0, seed=50 + i) for i in range(3)], cols)
+    assert [c.wait().reason for c in cols] == ["error"] * 3
+    assert fatal and "device decoder lost" in str(fatal[0]) and eng.failure is fatal[0]
+    with pytest.raises(EngineStoppedError):
+        eng.open_stream("late", StreamOptions(), Stream())
+    eng.shutdown(timeout=2.0)
