@@ -311,6 +311,7 @@ def subsample(
     first: bool,
     last: bool,
     chain: tuple[mx.array, mx.array] | None = None,
+    lengths: mx.array | None = None,
 ) -> tuple[mx.array, list[mx.array]]:
     """mel (B, n, n_mels) -> (B, T, D) and each stage's new cached input row.
 
@@ -321,6 +322,11 @@ def subsample(
     `chain` (later chunks): (parent (B,) row indices, follows (B,) bool): a row that follows takes its
     caches from its parent row's input in this same call instead of `caches`, i.e. it is the chunk
     after its parent's (the second chunk of a flush). A parent must not follow another row.
+
+    `lengths` (later chunks): (B,) mel rows that are real; the rest of a row is zero padding (a stream's
+    short last chunk in a call of full-length ones). Each stage's outputs past the real ones are zeroed,
+    so the next stage reads zeros there, as the offline right padding; a row's real frames are then
+    those of the row alone with `last` (the padded ones are not, and its cache rows are not either).
     """
     cfg = p.cfg
     k, s = cfg.subsampling_conv_kernel_size, cfg.subsampling_conv_stride
@@ -354,6 +360,10 @@ def subsample(
         else:
             x = _depthwise_taps(views, p.sub.w_dw[i - 1]) + p.sub.b_dw[i - 1]
             x = mx.maximum(x @ p.sub.w_pw[i - 1] + p.sub.b_pw[i - 1], 0)
+        if lengths is not None:
+            lengths = (lengths + (s - 1)) // s  # the stage's real outputs: as if right-padded at the end
+            real = mx.arange(t_out, dtype=lengths.dtype)[None] < lengths[:, None]
+            x = x * real[:, :, None, None].astype(x.dtype)
     # (B, T, F, C) -> (B, T, C*F): feature index c*F + f, as PyTorch's (B, C, T, F) flattening.
     x = x.swapaxes(2, 3).flatten(2, 3)
     x = linear(x, p.sub.w_out) + p.sub.b_out

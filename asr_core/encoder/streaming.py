@@ -251,28 +251,33 @@ class StreamingEncoder:
         pieces: list[list[np.ndarray]] = [[] for _ in rows]
         J = self.cfg.output_size
 
-        # Stack calls by padded length: a row's own chunk length, or more for a flush of several chunks
-        # at a stream's first (`_chain_flushes` splits the others). A short last chunk rides in its
-        # stream's regular call, padded behind its frames and masked (`_stack_meta`), so a step makes
-        # one stack call per length instead of one per length of last chunk; the causal convolution
-        # never reads the padding, and no query sees it.
+        # Subsampling calls by chunk length: a later chunk that ends its stream short rides in the
+        # regular call of its length, its mel zero-padded and each stage masked behind its real rows
+        # (`subsample`'s `lengths`), so it runs the call the warm-up compiled instead of one of its own
+        # length. Stack calls by padded length: a row's own chunk length, or more for a flush of several
+        # chunks at a stream's first (`_chain_flushes` splits the others). A short last chunk rides in
+        # its stream's regular stack call too, padded behind its frames and masked (`_stack_meta`);
+        # the causal convolution never reads the padding, and no query sees it.
         by_t: dict[int, list[tuple[list[_Row], mx.array]]] = {}
-        for key, group in _group(planned, lambda r: (r.mel.shape[0], r.first, r.last)).items():
+        for key, group in _group(planned, self._sub_key).items():
             n, first, last = key
             if n == 0:
                 continue
             B, Bp = len(group), self._bucket(len(group))
             mel = np.zeros((Bp, n, self.cfg.n_mels), np.float32)
-            np.stack([r.mel for r in group], out=mel[:B])
+            for k, r in enumerate(group):
+                mel[k, : r.mel.shape[0]] = r.mel
             slots = np.zeros(Bp, np.int32)  # padding rows gather the zero row
             slots[:B] = [1 + r.slot for r in group]
             slots_mx = mx.array(slots)
             chained = not first and (self.compiled or any(r.follows for r in group))
             sub = self._sub_fn(first, last, chained, ("sub", first, last, Bp, n))
+            lengths = [] if first else [mx.array(_mel_lengths(group, Bp, n))]
             chain = [mx.array(a) for a in _parents(group, Bp)] if chained else []
-            x, *stage_rows = sub(mx.array(mel), slots_mx, *chain, *self._pools[2:])
+            x, *stage_rows = sub(mx.array(mel), slots_mx, *lengths, *chain, *self._pools[2:])
             self.calls["sub"] += 1
-            keep = [k for k, r in enumerate(group) if not r.flush]  # flush rows write no cache
+            # Flush rows write no cache; a last chunk's are never read again (its slot is released).
+            keep = [k for k, r in enumerate(group) if not (r.flush or r.last)]
             if not last and len(keep) == Bp:
                 self._pending += [(2 + i, slots_mx, row) for i, row in enumerate(stage_rows)]
             elif not last and keep:
@@ -284,8 +289,8 @@ class StreamingEncoder:
             for T_pad in sorted({_padded_length(r) for r in group}):
                 part = [k for k, r in enumerate(group) if _padded_length(r) == T_pad]
                 rows_x = xb if len(part) == B else mx.take(xb, mx.array(part, dtype=mx.int32), axis=0)
-                if T_pad > group[0].T:
-                    rows_x = mx.pad(rows_x, [(0, 0), (0, T_pad - group[0].T), (0, 0)])
+                if T_pad > x.shape[1]:
+                    rows_x = mx.pad(rows_x, [(0, 0), (0, T_pad - x.shape[1]), (0, 0)])
                 by_t.setdefault(T_pad, []).append(([group[k] for k in part], rows_x))
 
         results: list[tuple[list[_Row], mx.array]] = []
@@ -339,6 +344,14 @@ class StreamingEncoder:
             r.stream.finished = r.last
         empty = np.zeros((0, J), np.float32)
         return [(p[0] if len(p) == 1 else np.concatenate(p)) if p else empty for p in pieces]
+
+    def _sub_key(self, r: _Row) -> tuple[int, bool, bool]:
+        """The subsampling call a row runs in: (mel rows, first, last). A later chunk that ends its
+        stream joins the regular call of its lookahead (padded; see `step`)."""
+        n = r.mel.shape[0]
+        if r.last and not r.first and n:
+            return self._chunk_size(r.stream.lookahead, False), False, False
+        return n, r.first, r.last
 
     def _chain_flushes(self, planned: list[_Row]) -> list[_Row]:
         """A flush of two later chunks becomes two rows of one chunk each, the second continuing the
@@ -620,11 +633,13 @@ def _subsample_step(
     slots: mx.array,
     *rest: mx.array,
 ) -> tuple[mx.array, ...]:
-    """`rest`: (parent, follows) when `chained`, then the subsampling pools."""
+    """`rest`: the rows' real mel lengths for later chunks, (parent, follows) when `chained`, then
+    the subsampling pools."""
+    lengths, rest = (None, rest) if first else (rest[0], rest[1:])
     chain = (rest[0], rest[1]) if chained else None
     pools = rest[2:] if chained else rest
     caches = None if first else [mx.take(pool, slots, axis=0) for pool in pools]
-    x, rows = subsample(params, mel, caches, first, last, chain)
+    x, rows = subsample(params, mel, caches, first, last, chain, lengths)
     return (x, *rows)
 
 
@@ -664,6 +679,13 @@ def _group(
     for r in rows:
         groups.setdefault(key(r), []).append(r)
     return groups
+
+
+def _mel_lengths(group: list[_Row], padded: int, n: int) -> np.ndarray:
+    """Per row of a subsampling call of `n` mel rows (`padded` rows): how many are real."""
+    lengths = np.full(padded, n, np.int32)
+    lengths[: len(group)] = [r.mel.shape[0] for r in group]
+    return lengths
 
 
 def _parents(group: list[_Row], padded: int) -> tuple[np.ndarray, np.ndarray]:
