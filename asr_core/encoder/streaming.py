@@ -144,9 +144,9 @@ class StreamingEncoder:
         self._pending: list[tuple[int, mx.array, mx.array]] = []  # (pool id, row indices, values)
         self._sub_fns: dict[tuple[bool, bool, bool], Callable[..., tuple[mx.array, ...]]] = {}
         self._stack_fns: dict[tuple[int, bool], Callable[..., tuple[mx.array, ...]]] = {}
-        # After `warmup`: the call shapes it traced. A compiled call on any other shape (a short last
-        # chunk, a lookahead not warmed) would trace anew, and on a GPU compile kernels for seconds
-        # with every stream waiting; such rare calls run uncompiled instead.
+        # After `warmup`: the call shapes it traced. A compiled call on any other shape (a first chunk
+        # that is also the last, a lookahead not warmed) would trace anew, and on a GPU compile kernels
+        # for seconds with every stream waiting; such rare calls run uncompiled instead.
         self._traced: set[tuple[object, ...]] | None = None
         self._tracing: set[tuple[object, ...]] | None = None
         # Steps and the compiled-function calls they made: "sub", "stack", and "untraced" (calls that
@@ -514,8 +514,9 @@ class StreamingEncoder:
         """Trace the compiled step for every batch bucket up to `max_batch` (first and later chunks,
         and a first chunk's flush) so that no live step pays for it; returns the number of buckets. A no-op
         when not compiled (but for one stream's chunks when the CPU's fused kernels are in use). From then
-        on, calls of shapes it did not trace (short final chunks: one shape per length and bucket; a
-        lookahead not warmed) run uncompiled rather than trace."""
+        on, calls of shapes it did not trace (a first chunk that is also the last; a lookahead not warmed)
+        run uncompiled rather than trace; a later chunk that ends its stream short rides in the
+        regular calls."""
         if not self.compiled:
             if self.params.array_exp:
                 self._build_fused_kernels(lookahead)
