@@ -110,7 +110,7 @@ class EngineModel(Protocol):
     def new_batch_decoder(self) -> BatchDecoder: ...
 
     def new_device_decoder(self) -> DeviceDecoderBackend:
-        """Called on the engine's MLX thread, which then owns it."""
+        """Called on the engine's device-decoder thread, which then owns it."""
 
 
 def gpu_memory_limits(process_limit: int, share: float) -> tuple[int, int]:

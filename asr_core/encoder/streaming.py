@@ -142,7 +142,7 @@ class StreamingEncoder:
         self._free: list[int] = []
         self._capacity = 0
         self._pending: list[tuple[int, mx.array, mx.array]] = []  # (pool id, row indices, values)
-        self._sub_fns: dict[tuple[bool, bool, bool], Callable[..., tuple[mx.array, ...]]] = {}
+        self._sub_fns: dict[tuple[bool, bool, bool, bool], Callable[..., tuple[mx.array, ...]]] = {}
         self._stack_fns: dict[tuple[int, bool], Callable[..., tuple[mx.array, ...]]] = {}
         # After `warmup`: the call shapes it traced. A compiled call on any other shape (a first chunk
         # that is also the last, a lookahead not warmed) would trace anew, and on a GPU compile kernels
@@ -271,8 +271,10 @@ class StreamingEncoder:
             slots[:B] = [1 + r.slot for r in group]
             slots_mx = mx.array(slots)
             chained = not first and (self.compiled or any(r.follows for r in group))
-            sub = self._sub_fn(first, last, chained, ("sub", first, last, Bp, n))
-            lengths = [] if first else [mx.array(_mel_lengths(group, Bp, n))]
+            # Compiled, every later-chunk call takes the rows' lengths (one traced signature).
+            masked = not first and (self.compiled or any(r.mel.shape[0] < n for r in group))
+            sub = self._sub_fn(first, last, chained, masked, ("sub", first, last, Bp, n))
+            lengths = [mx.array(_mel_lengths(group, Bp, n))] if masked else []
             chain = [mx.array(a) for a in _parents(group, Bp)] if chained else []
             x, *stage_rows = sub(mx.array(mel), slots_mx, *lengths, *chain, *self._pools[2:])
             self.calls["sub"] += 1
@@ -476,14 +478,14 @@ class StreamingEncoder:
 
     # mx.compile traces a function again for each new input shape (B, chunk length) and keeps them all.
     def _sub_fn(
-        self, first: bool, last: bool, chained: bool, shape: tuple[object, ...]
+        self, first: bool, last: bool, chained: bool, masked: bool, shape: tuple[object, ...]
     ) -> Callable[..., tuple[mx.array, ...]]:
         if not self._compiled_for(shape):
-            return partial(_subsample_step, self.params, first, last, chained)
-        key = (first, last, chained)
+            return partial(_subsample_step, self.params, first, last, chained, masked)
+        key = (first, last, chained, masked)
         fn = self._sub_fns.get(key)
         if fn is None:
-            fn = mx.compile(partial(_subsample_step, self.params, first, last, chained))
+            fn = mx.compile(partial(_subsample_step, self.params, first, last, chained, masked))
             self._sub_fns[key] = fn
         return fn
 
@@ -630,13 +632,14 @@ def _subsample_step(
     first: bool,
     last: bool,
     chained: bool,
+    masked: bool,
     mel: mx.array,
     slots: mx.array,
     *rest: mx.array,
 ) -> tuple[mx.array, ...]:
-    """`rest`: the rows' real mel lengths for later chunks, (parent, follows) when `chained`, then
-    the subsampling pools."""
-    lengths, rest = (None, rest) if first else (rest[0], rest[1:])
+    """`rest`: the rows' real mel lengths when `masked`, (parent, follows) when `chained`, then the
+    subsampling pools."""
+    lengths, rest = (rest[0], rest[1:]) if masked else (None, rest)
     chain = (rest[0], rest[1]) if chained else None
     pools = rest[2:] if chained else rest
     caches = None if first else [mx.take(pool, slots, axis=0) for pool in pools]
