@@ -85,12 +85,15 @@ gateway)
   grep -v "gateway.call.core\|gateway.sip\|call .* ended:" /tmp/gw/serve.log | tail -c 400000 > "$OUT/engines.log"
   stamp "gateway levels done"
   # The one-process model on CUDA too: start, one short call, SIGTERM; exit status and abort marks.
-  [ "${ONE_PROCESS:-1}" = 1 ] && python3 -m gateway.cli bench gateway --levels 1 --call-seconds 3 --audio "$KIT_AUDIO" \
-    --redis-server "$KIT_REDIS" --env TTG_MODEL__DIR=/tmp/full --env TTG_DAEMON__MEDIA_WORKERS=0 \
-    --env TTG_ENCODER__MAX_BATCH=8 --sip-port 5062 --http-port 9110 --redis-port 6381 \
-    --rtp-ports 20000-20999 --replay-rtp-ports 21000-21999 --out /tmp/gw1 > /tmp/gw1.log 2>&1
-  tail -3 /tmp/gw1.log
-  cp /tmp/gw1/summary.md "$OUT/one_process_summary.md" 2>/dev/null
+  # Device decoding, as in the levels above: its own MLX thread must end cleanly there too.
+  if [ "${ONE_PROCESS:-1}" = 1 ]; then
+    python3 -m gateway.cli bench gateway --levels 1 --call-seconds 3 --audio "$KIT_AUDIO" \
+      --redis-server "$KIT_REDIS" --env TTG_MODEL__DIR=/tmp/full --env TTG_DAEMON__MEDIA_WORKERS=0 \
+      --env TTG_DECODER__MODE=device --env TTG_ENCODER__MAX_BATCH=8 --sip-port 5062 --http-port 9110 \
+      --redis-port 6381 --rtp-ports 20000-20999 --replay-rtp-ports 21000-21999 --out /tmp/gw1 > /tmp/gw1.log 2>&1
+    tail -3 /tmp/gw1.log
+    cp /tmp/gw1/summary.md "$OUT/one_process_summary.md" 2>/dev/null
+  fi
   ;;
 profile)
   # Where the engine process's time goes in steady state: the engine-procs bench at one level, and
