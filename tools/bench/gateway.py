@@ -290,11 +290,13 @@ class _SentenceLabels:
         return self._counts[clip]
 
 
-def _p95(ordered: list[float]) -> float | str | None:
-    """The nearest-rank 95th percentile of an ascending list ("inf" when it falls on a missing final)."""
-    if not ordered:
+def _p95(values: list[float]) -> float | str | None:
+    """The capacity rule's p95 (`p95_nearest_rank`), rounded; "inf" when it falls on a missing final."""
+    from tools.replay.analysis import p95_nearest_rank
+
+    value = p95_nearest_rank(values)
+    if value is None:
         return None
-    value = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
     return round(value, 3) if math.isfinite(value) else "inf"
 
 
@@ -333,8 +335,8 @@ def _merge_reports(folders: list[Path]) -> dict[str, Any]:
                     ttf.append(u["ttf_s"])
                 if u.get("ttfp_s") is not None:
                     ttfp.append(u["ttfp_s"])
-    everything = sorted(ttf) + [math.inf] * missing
-    spoken = sorted(ttf) + [math.inf] * (missing - silent.total())  # utterances with any transcript
+    everything = ttf + [math.inf] * missing
+    spoken = ttf + [math.inf] * (missing - silent.total())  # utterances with any transcript
     return {
         "calls": calls,
         "completed": completed,

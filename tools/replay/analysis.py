@@ -110,6 +110,15 @@ def stats(values: Iterable[float]) -> Stats:
     )
 
 
+def p95_nearest_rank(values: Iterable[float]) -> float | None:
+    """The 95th percentile by nearest rank on the upper side (None for no values), so that a missing
+    final counted as +inf is never interpolated into a finite number."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
 @dataclass(frozen=True, slots=True)
 class UtteranceTiming:
     """What was sent: the speech span on the call's media timeline and when its edges were sent."""

@@ -17,9 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tools.replay import audio, plots, report
+from tools.replay.analysis import p95_nearest_rank
 from tools.replay.config import ReplayConfig
 from tools.replay.report import CapacityLevel, CapacityReport, Report
 from tools.replay.runner import ReplayError, run_replay_async, write_report
@@ -31,17 +30,13 @@ DEFAULT_MARGIN_S = 0.3
 
 def p95_with_missing(rep: Report) -> float:
     """p95 TTF over utterances of completed calls, a missing final counted as +inf."""
-    values = [
+    p95 = p95_nearest_rank(
         math.inf if u.ttf_s is None else u.ttf_s
         for c in rep.calls
         if c.outcome == "completed"
         for u in c.utterances
-    ]
-    if not values:
-        return math.inf
-    arr = np.sort(np.asarray(values, dtype=np.float64))
-    # Nearest-rank on the upper side, so an inf never gets interpolated into a finite number.
-    return float(arr[min(len(arr) - 1, math.ceil(0.95 * len(arr)) - 1)])
+    )
+    return math.inf if p95 is None else float(p95)
 
 
 def judge(rep: Report, bound_s: float) -> tuple[bool, str]:
