@@ -55,7 +55,7 @@ gateway)
     --rtp-ports 20000-29999 --replay-rtp-ports 30000-49999 --out /tmp/gw ${GATEWAY_ARGS:-} &
   bench=$!
   # PROFILE_AT_S: that long after the gateway is ready, sample the engine process (py-spy, all
-  # threads, then only the interpreter lock's holder) while the calls run.
+  # threads, then only the interpreter lock's holder) while the calls run; NATIVE=1 adds C frames.
   if [ -n "${PROFILE_AT_S:-}" ]; then
     (
       until grep -q "gateway ready" "$OUT/run.log" 2>/dev/null; do sleep 1; done
@@ -64,9 +64,17 @@ gateway)
       spy=$(command -v py-spy || echo /tmp/site/bin/py-spy)
       if [ -n "$pid" ] && [ -x "$spy" ]; then
         stamp "profiling the engine process $pid"
-        "$spy" record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/all.raw" --threads --idle > /tmp/spy1.log 2>&1
+        # NATIVE=1: C/C++ frames too (MLX, CUDA), to tell its own work from waits for the lock.
+        # One media worker at the same time (its own C frames: numpy, soxr, the sockets).
+        media=$(pgrep -f "gateway.workers.media_worker" | head -1)
+        if [ -n "$media" ]; then
+          "$spy" record -p "$media" -d 8 -r 100 -f raw -o "$OUT/media.raw" --native > /tmp/spy3.log 2>&1 &
+        fi
+        "$spy" record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/all.raw" --threads --idle ${NATIVE:+--native} \
+          > /tmp/spy1.log 2>&1
+        wait
         "$spy" record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/gil.raw" --threads --gil > /tmp/spy2.log 2>&1
-        tail -n 2 /tmp/spy1.log /tmp/spy2.log
+        tail -n 2 /tmp/spy1.log /tmp/spy2.log /tmp/spy3.log 2>/dev/null
       else
         echo "no profile: engine pid '$pid', py-spy '$spy'"
       fi
