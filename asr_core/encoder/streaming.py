@@ -258,69 +258,96 @@ class StreamingEncoder:
         # chunks at a stream's first (`_chain_flushes` splits the others). A short last chunk rides in
         # its stream's regular stack call too, padded behind its frames and masked (`_stack_meta`);
         # the causal convolution never reads the padding, and no query sees it.
-        by_t: dict[int, list[tuple[list[_Row], mx.array]]] = {}
-        for key, group in _group(planned, self._sub_key).items():
-            n, first, last = key
-            if n == 0:
-                continue
-            B, Bp = len(group), self._bucket(len(group))
+        # The host builds every call's inputs first; they reach the device in one array (`_Uploads`).
+        up = _Uploads()
+        subs = [_SubCall(key, group) for key, group in _group(planned, self._sub_key).items() if key[0]]
+        for s in subs:
+            n, first, last = s.key
+            group, B, Bp = s.group, len(s.group), self._bucket(len(s.group))
             mel = np.zeros((Bp, n, self.cfg.n_mels), np.float32)
             for k, r in enumerate(group):
                 mel[k, : r.mel.shape[0]] = r.mel
             slots = np.zeros(Bp, np.int32)  # padding rows gather the zero row
             slots[:B] = [1 + r.slot for r in group]
-            slots_mx = mx.array(slots)
-            chained = not first and (self.compiled or any(r.follows for r in group))
+            s.chained = not first and (self.compiled or any(r.follows for r in group))
             # Compiled, every later-chunk call takes the rows' lengths (one traced signature).
-            masked = not first and (self.compiled or any(r.mel.shape[0] < n for r in group))
-            sub = self._sub_fn(first, last, chained, masked, ("sub", first, last, Bp, n))
-            lengths = [mx.array(_mel_lengths(group, Bp, n))] if masked else []
-            chain = [mx.array(a) for a in _parents(group, Bp)] if chained else []
-            x, *stage_rows = sub(mx.array(mel), slots_mx, *lengths, *chain, *self._pools[2:])
-            self.calls["sub"] += 1
+            s.masked = not first and (self.compiled or any(r.mel.shape[0] < n for r in group))
+            s.inputs = [up.add(mel), up.add(slots)]
+            if s.masked:
+                s.inputs.append(up.add(_mel_lengths(group, Bp, n)))
+            if s.chained:
+                s.inputs += [up.add(a) for a in _parents(group, Bp)]
             # Flush rows write no cache; a last chunk's are never read again (its slot is released).
             keep = [k for k, r in enumerate(group) if not (r.flush or r.last)]
             if not last and len(keep) == Bp:
-                self._pending += [(2 + i, slots_mx, row) for i, row in enumerate(stage_rows)]
+                s.writes = (s.inputs[1], None)
             elif not last and keep:
-                idx = mx.array(keep, dtype=mx.int32)
-                self._pending += [
-                    (2 + i, slots_mx[idx], mx.take(row, idx, axis=0)) for i, row in enumerate(stage_rows)
-                ]
-            xb = x[:B] if Bp > B else x
-            for T_pad in sorted({_padded_length(r) for r in group}):
-                part = [k for k, r in enumerate(group) if _padded_length(r) == T_pad]
-                rows_x = xb if len(part) == B else mx.take(xb, mx.array(part, dtype=mx.int32), axis=0)
-                if T_pad > x.shape[1]:
-                    rows_x = mx.pad(rows_x, [(0, 0), (0, T_pad - x.shape[1]), (0, 0)])
-                by_t.setdefault(T_pad, []).append(([group[k] for k in part], rows_x))
+                s.writes = (up.add(slots[keep]), up.add(np.array(keep, np.int32)))
+
+        stacks: dict[int, _StackCall] = {}
+        for i, s in enumerate(subs):
+            for T_pad in sorted({_padded_length(r) for r in s.group}):
+                part = [k for k, r in enumerate(s.group) if _padded_length(r) == T_pad]
+                call = stacks.setdefault(T_pad, _StackCall(T_pad))
+                take = None if len(part) == len(s.group) else up.add(np.array(part, np.int32))
+                call.parts.append((i, take))
+                call.group += [s.group[k] for k in part]
+        for call in stacks.values():
+            group, T = call.group, call.T
+            B, Bp = len(group), self._bucket(len(group))
+            call.meta = [up.add(a) for a in self._stack_meta(group, T, Bp)]
+            call.chained = self.compiled or any(r.follows for r in group)
+            if call.chained:
+                parent = _parents(group, Bp)[0]
+                K = self.cfg.conv_kernel_size
+                call.links = [up.add(a) for a in chain_indices(parent, T, self._Lc, K)]
+            keep = [k for k, r in enumerate(group) if not (r.flush or r.last)]
+            call.keep = None if len(keep) in (0, B) else up.add(np.array(keep, np.int32))
+            call.commits = bool(keep)
+        up.send()
+
+        xs_by_sub: list[mx.array] = []
+        for s in subs:
+            n, first, last = s.key
+            B, Bp = len(s.group), self._bucket(len(s.group))
+            sub = self._sub_fn(first, last, s.chained, s.masked, ("sub", first, last, Bp, n))
+            x, *stage_rows = sub(*(up[h] for h in s.inputs), *self._pools[2:])
+            self.calls["sub"] += 1
+            if s.writes is not None:
+                slots_h, keep_h = s.writes
+                if keep_h is None:
+                    self._pending += [(2 + i, up[slots_h], row) for i, row in enumerate(stage_rows)]
+                else:
+                    idx = up[keep_h]
+                    self._pending += [
+                        (2 + i, up[slots_h], mx.take(row, idx, axis=0)) for i, row in enumerate(stage_rows)
+                    ]
+            xs_by_sub.append(x[:B] if Bp > B else x)
 
         results: list[tuple[list[_Row], mx.array]] = []
-        for T, parts in by_t.items():
-            group = [r for g, _ in parts for r in g]
+        for call in stacks.values():
+            group, T = call.group, call.T
             B, Bp = len(group), self._bucket(len(group))
-            xs = [xp for _, xp in parts]
+            xs = []
+            for i, take in call.parts:
+                rows_x = xs_by_sub[i] if take is None else mx.take(xs_by_sub[i], up[take], axis=0)
+                if rows_x.shape[1] < T:
+                    rows_x = mx.pad(rows_x, [(0, 0), (0, T - rows_x.shape[1]), (0, 0)])
+                xs.append(rows_x)
             if Bp > B:
                 xs.append(mx.zeros((Bp - B, T, self.cfg.hidden_size), dtype=self.dtype))
             x = xs[0] if len(xs) == 1 else mx.concatenate(xs)
-            meta = self._stack_meta(group, T, Bp)
-            chained = self.compiled or any(r.follows for r in group)
-            links: list[mx.array] = []
-            if chained:
-                parent = _parents(group, Bp)[0]
-                K = self.cfg.conv_kernel_size
-                links = [mx.array(a) for a in chain_indices(parent, T, self._Lc, K)]
-            frames, kv_new, conv_new = self._stack_fn(T, chained, ("stack", T, Bp))(
+            meta = [up[h] for h in call.meta]
+            links = [up[h] for h in call.links]
+            frames, kv_new, conv_new = self._stack_fn(T, call.chained, ("stack", T, Bp))(
                 x, self._pools[0], self._pools[1], *meta[:4], meta[6], *links
             )
             self.calls["stack"] += 1
             if Bp > B:
                 frames, kv_new, conv_new = frames[:B], kv_new[:, :B], conv_new[:, :B]
-            # Flush rows write no cache; a last chunk's are never read again (its slot is released).
-            keep = [k for k, r in enumerate(group) if not (r.flush or r.last)]
-            if keep:
-                if len(keep) < B:
-                    idx = mx.array(keep, dtype=mx.int32)
+            if call.commits:
+                if call.keep is not None:
+                    idx = up[call.keep]
                     kv_new, conv_new = mx.take(kv_new, idx, axis=1), mx.take(conv_new, idx, axis=1)
                 self._pending.append((0, meta[4], kv_new.flatten(1, 2)))
                 self._pending.append((1, meta[5], conv_new))
@@ -421,7 +448,7 @@ class StreamingEncoder:
             T = self._frames[(n, first, last)] = encoder_frames(n, first, last, stages) if n else 0
         return T
 
-    def _stack_meta(self, group: list[_Row], T: int, padded: int) -> list[mx.array]:
+    def _stack_meta(self, group: list[_Row], T: int, padded: int) -> list[np.ndarray]:
         """Per-row indices of one stack call of T frames per row (gathers, per-query valid cache
         counts, prompts; `padded` rows, the padding reading only the zero row), the write indices of
         the committing rows, then per-query counts of the new frames each query sees.
@@ -457,13 +484,13 @@ class StreamingEncoder:
         commit = np.fromiter((not (r.flush or r.last) for r in group), bool, B)
         kv_write, slot = kv_write[commit], slot[commit]
         return [
-            mx.array(kv_idx),
-            mx.array(conv_idx),
-            mx.array(valid),
-            mx.array(prompt),
-            mx.array(kv_write.reshape(-1).astype(np.int32)),
-            mx.array((1 + slot).astype(np.int32)),
-            mx.array(seen),
+            kv_idx,
+            conv_idx,
+            valid,
+            prompt,
+            kv_write.reshape(-1).astype(np.int32),
+            (1 + slot).astype(np.int32),
+            seen,
         ]
 
     def _bucket(self, B: int) -> int:
@@ -664,6 +691,73 @@ def _stack_step(
     conv_cache = _take_rows(conv_pool, conv_idx)  # (layers, B, K-1, D)
     chain = (kv_ctx, conv_ctx) if kv_ctx is not None and conv_ctx is not None else None
     return encoder_stack(params, x, kv_cache, conv_cache, valid, prompt, seen, chain)
+
+
+@dataclass(slots=True)
+class _SubCall:
+    """One subsampling call of a step: its rows and the handles of its inputs in the step's upload."""
+
+    key: tuple[int, bool, bool]  # (mel rows, first, last)
+    group: list[_Row]
+    chained: bool = False
+    masked: bool = False
+    inputs: list[int] = dataclasses.field(default_factory=list)  # mel, slots[, lengths][, parent, follows]
+    writes: tuple[int, int | None] | None = None  # the committing rows' slots[, their rows in the call]
+
+
+@dataclass(slots=True)
+class _StackCall:
+    """One conformer-stack call of a step: rows of padded length T gathered from subsampling calls."""
+
+    T: int
+    group: list[_Row] = dataclasses.field(default_factory=list)
+    parts: list[tuple[int, int | None]] = dataclasses.field(default_factory=list)  # (sub call, its rows)
+    meta: list[int] = dataclasses.field(default_factory=list)
+    links: list[int] = dataclasses.field(default_factory=list)
+    chained: bool = False
+    keep: int | None = None  # the committing rows, when not all
+    commits: bool = False
+
+
+class _Uploads:
+    """A step's inputs made on the host, sent to the device as one int32 array; each input is a view
+    (a slice) of it, float32 bit-cast back and booleans compared back on the device.
+
+    Why one: on CUDA, `mx.array(ndarray)` takes a host-visible buffer from MLX's allocator, whose cache
+    may return a device buffer of that size that it first moves to unified memory (a managed allocation
+    and a synchronous copy); a step made ~20 such arrays."""
+
+    def __init__(self) -> None:
+        self._host: list[np.ndarray] = []
+        self._views: list[mx.array] = []
+
+    def add(self, a: np.ndarray) -> int:
+        if a.dtype not in (np.int32, np.float32, np.bool_):
+            raise TypeError(f"an upload carries int32, float32 or bool, not {a.dtype}")
+        self._host.append(a)
+        return len(self._host) - 1
+
+    def send(self) -> None:
+        words = [
+            a.reshape(-1).astype(np.int32) if a.dtype == np.bool_ else a.reshape(-1).view(np.int32)
+            for a in (np.ascontiguousarray(h) for h in self._host)
+        ]
+        if not words:
+            return
+        device = mx.array(words[0] if len(words) == 1 else np.concatenate(words))
+        offset = 0
+        for a, w in zip(self._host, words, strict=True):
+            view = device[offset : offset + w.size]
+            if a.dtype == np.float32:
+                view = view.view(mx.float32)
+            elif a.dtype == np.bool_:
+                view = view != 0
+            self._views.append(view.reshape(a.shape))
+            offset += w.size
+        self._host.clear()
+
+    def __getitem__(self, handle: int) -> mx.array:
+        return self._views[handle]
 
 
 def _take_rows(pool: mx.array, idx: mx.array) -> mx.array:

@@ -258,6 +258,49 @@ def test_short_last_chunks_share_the_regular_stack_call_with_the_same_frames(bun
         np.testing.assert_allclose(np.concatenate(out), solo(reference, mel, 3, 0), atol=TOL, rtol=0)
 
 
+def test_a_step_sends_its_host_made_inputs_as_one_array(
+    bundle: Bundle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA every array made from host memory may cost MLX's allocator a managed allocation and a
+    synchronous copy (scalars aside), so a step sends its mel and all its indices as one array and the
+    calls read views of it — whatever the mix of first, later, short last chunks and flushes,
+    with the frames of each stream's solo run."""
+    import mlx.core as mx
+
+    from asr_core.encoder import streaming
+
+    rng = np.random.default_rng(6)
+    mels = [rng.standard_normal((n, 128), dtype=np.float32) for n in (89, 70, 57)]
+    enc, reference = make(bundle, compile=True), make(bundle)
+    slots = [enc.alloc(0, 3) for _ in mels]
+    chunks = [split(m, 3) for m in mels]
+    made: list[str] = []
+    real_array = mx.array
+
+    def counting_array(*args: object, **kwargs: object) -> mx.array:
+        out = real_array(*args, **kwargs)
+        if out.size > 1:  # scalars (the mask's constants) come from a small pool of their own
+            made.append(str(out.dtype))
+        return out
+
+    monkeypatch.setattr(streaming.mx, "array", counting_array)
+    flusher = enc.alloc(0, 3)  # a fourth stream: its first chunk, then a flush beside the others
+    extra = [ChunkInput(flusher, mels[0][:25]), ChunkInput(flusher, mels[0][25:57], flush=True), None]
+    outs: list[list[np.ndarray]] = [[] for _ in mels]
+    for k in range(3):
+        rows = [(i, *chunks[i][k]) for i in range(len(mels)) if k < len(chunks[i])]
+        made.clear()
+        got = enc.step(
+            [ChunkInput(slots[i], c, last) for i, c, last in rows] + [x for x in extra[k : k + 1] if x]
+        )
+        assert made == ["mlx.core.int32"]
+        for (i, _, _), frames in zip(rows, got[: len(rows)], strict=True):
+            outs[i].append(frames)
+    monkeypatch.undo()
+    for mel, out in zip(mels, outs, strict=True):
+        np.testing.assert_allclose(np.concatenate(out), solo(reference, mel, 3, 0), atol=TOL, rtol=0)
+
+
 def test_on_a_gpu_the_pools_stop_growing_below_2_to_the_31_elements() -> None:
     """Some MLX GPU kernels index with 32 bits: at full size the one K|V pool of every layer passes
     2**31 elements at 781 slots, so an engine holds at most 780 streams there (none on the CPU)."""
