@@ -142,6 +142,7 @@ class StreamingEncoder:
         self._free: list[int] = []
         self._capacity = 0
         self._pending: list[tuple[int, mx.array, mx.array]] = []  # (pool id, row indices, values)
+        self._host_inputs = np.zeros(1 << 12, np.int32)  # where a step's inputs are built (`_Uploads`)
         self._sub_fns: dict[tuple[bool, bool, bool, bool], Callable[..., tuple[mx.array, ...]]] = {}
         self._stack_fns: dict[tuple[int, bool], Callable[..., tuple[mx.array, ...]]] = {}
         # After `warmup`: the call shapes it traced. A compiled call on any other shape (a first chunk
@@ -259,12 +260,12 @@ class StreamingEncoder:
         # its stream's regular stack call too, padded behind its frames and masked (`_stack_meta`);
         # the causal convolution never reads the padding, and no query sees it.
         # The host builds every call's inputs first; they reach the device in one array (`_Uploads`).
-        up = _Uploads()
+        up = _Uploads(self._host_inputs)
         subs = [_SubCall(key, group) for key, group in _group(planned, self._sub_key).items() if key[0]]
         for s in subs:
             n, first, last = s.key
             group, B, Bp = s.group, len(s.group), self._bucket(len(s.group))
-            mel = np.zeros((Bp, n, self.cfg.n_mels), np.float32)
+            mel_in, mel = up.zeros((Bp, n, self.cfg.n_mels))  # filled before the next add
             for k, r in enumerate(group):
                 mel[k, : r.mel.shape[0]] = r.mel
             slots = np.zeros(Bp, np.int32)  # padding rows gather the zero row
@@ -272,7 +273,7 @@ class StreamingEncoder:
             s.chained = not first and (self.compiled or any(r.follows for r in group))
             # Compiled, every later-chunk call takes the rows' lengths (one traced signature).
             s.masked = not first and (self.compiled or any(r.mel.shape[0] < n for r in group))
-            s.inputs = [up.add(mel), up.add(slots)]
+            s.inputs = [mel_in, up.add(slots)]
             if s.masked:
                 s.inputs.append(up.add(_mel_lengths(group, Bp, n)))
             if s.chained:
@@ -305,6 +306,7 @@ class StreamingEncoder:
             call.keep = None if len(keep) in (0, B) else up.add(np.array(keep, np.int32))
             call.commits = bool(keep)
         up.send()
+        self._host_inputs = up.buffer  # grown, if this step needed more room
 
         xs_by_sub: list[mx.array] = []
         for s in subs:
@@ -720,44 +722,61 @@ class _StackCall:
 
 
 class _Uploads:
-    """A step's inputs made on the host, sent to the device as one int32 array; each input is a view
-    (a slice) of it, float32 bit-cast back and booleans compared back on the device.
+    """A step's inputs made on the host, written into one int32 buffer (float32 as its bits, booleans
+    as 0/1) and sent to the device as one array; each input is a view (a slice) of it, bit-cast or
+    compared back there.
 
     Why one: on CUDA, `mx.array(ndarray)` takes a host-visible buffer from MLX's allocator, whose cache
     may return a device buffer of that size that it first moves to unified memory (a managed allocation
-    and a synchronous copy); a step made ~20 such arrays."""
+    and a synchronous copy); a step made ~20 such arrays. The host buffer is the encoder's, kept from
+    step to step (`buffer`: grown when a step needs more), so a step's mel is copied once into it and
+    once to the device."""
 
-    def __init__(self) -> None:
-        self._host: list[np.ndarray] = []
+    def __init__(self, host: np.ndarray) -> None:
+        self.buffer = host
+        self._used = 0
+        self._parts: list[tuple[int, int, tuple[int, ...], np.dtype]] = []  # (offset, size, shape, dtype)
         self._views: list[mx.array] = []
+
+    def zeros(self, shape: tuple[int, ...]) -> tuple[int, np.ndarray]:
+        """A float32 input to fill in place (zeros until then): its handle and a writable view, valid
+        until the next `zeros` or `add` (the buffer may move when it grows)."""
+        n = int(np.prod(shape))
+        start = self._room(n, shape, np.dtype(np.float32))
+        words = self.buffer[start : start + n]
+        words[:] = 0
+        return len(self._parts) - 1, words.view(np.float32).reshape(shape)
 
     def add(self, a: np.ndarray) -> int:
         if a.dtype not in (np.int32, np.float32, np.bool_):
             raise TypeError(f"an upload carries int32, float32 or bool, not {a.dtype}")
-        self._host.append(a)
-        return len(self._host) - 1
+        start = self._room(a.size, a.shape, a.dtype)
+        words = self.buffer[start : start + a.size]
+        (words.view(np.float32) if a.dtype == np.float32 else words)[:] = a.reshape(-1)
+        return len(self._parts) - 1
 
     def send(self) -> None:
-        words = [
-            a.reshape(-1).astype(np.int32) if a.dtype == np.bool_ else a.reshape(-1).view(np.int32)
-            for a in (np.ascontiguousarray(h) for h in self._host)
-        ]
-        if not words:
-            return
-        device = mx.array(words[0] if len(words) == 1 else np.concatenate(words))
-        offset = 0
-        for a, w in zip(self._host, words, strict=True):
-            view = device[offset : offset + w.size]
-            if a.dtype == np.float32:
+        device = mx.array(self.buffer[: self._used])  # a copy: the buffer is free for the next step
+        for start, n, shape, dtype in self._parts:
+            view = device[start : start + n]
+            if dtype == np.float32:
                 view = view.view(mx.float32)
-            elif a.dtype == np.bool_:
+            elif dtype == np.bool_:
                 view = view != 0
-            self._views.append(view.reshape(a.shape))
-            offset += w.size
-        self._host.clear()
+            self._views.append(view.reshape(shape))
 
     def __getitem__(self, handle: int) -> mx.array:
         return self._views[handle]
+
+    def _room(self, n: int, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        start = self._used
+        if start + n > self.buffer.size:
+            grown = np.empty(max(2 * self.buffer.size, start + n), np.int32)
+            grown[:start] = self.buffer[:start]
+            self.buffer = grown
+        self._used = start + n
+        self._parts.append((start, n, shape, dtype))
+        return start
 
 
 def _take_rows(pool: mx.array, idx: mx.array) -> mx.array:
