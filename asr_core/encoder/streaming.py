@@ -728,7 +728,7 @@ class _Uploads:
 
     Why one: on CUDA, `mx.array(ndarray)` takes a host-visible buffer from MLX's allocator, whose cache
     may return a device buffer of that size that it first moves to unified memory (a managed allocation
-    and a synchronous copy); a step made ~20 such arrays. The host buffer is the encoder's, kept from
+    and a synchronous copy); a step made a dozen or more. The host buffer is the encoder's, kept from
     step to step (`buffer`: grown when a step needs more), so a step's mel is copied once into it and
     once to the device."""
 

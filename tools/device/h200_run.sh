@@ -54,6 +54,10 @@ gateway)
     --env TTG_ENCODER__MAX_BATCH="${MAX_BATCH:-512}" --sip-port 5060 --http-port 9108 --redis-port 6379 \
     --rtp-ports 20000-29999 --replay-rtp-ports 30000-49999 --out /tmp/gw ${GATEWAY_ARGS:-} &
   bench=$!
+  # Kernels MLX compiles live, after the warm-up (its PTX cache, /tmp/mlx/VERSION/ptx, gains a file
+  # for each): listed at the end, as the first level on a fresh machine runs slower than on a warm one.
+  rm -f /tmp/ready.marker
+  ( until grep -q "gateway ready" "$OUT/run.log" 2>/dev/null; do sleep 1; done; touch /tmp/ready.marker ) &
   # PROFILE_AT_S: that long after the gateway is ready, sample the engine process (py-spy, all
   # threads, then only the interpreter lock's holder) while the calls run; NATIVE=1 adds C frames.
   if [ -n "${PROFILE_AT_S:-}" ]; then
@@ -86,6 +90,12 @@ gateway)
     sleep 5
   done
   wait "$bench"
+  if [ -e /tmp/ready.marker ]; then
+    # Into this log (at most 8 files come back, and the profiles take them all).
+    find /tmp/mlx -name '*.ptx' -newer /tmp/ready.marker -printf '%TT %f\n' 2>/dev/null | sort > /tmp/live_kernels.txt
+    stamp "kernels compiled after the gateway was ready: $(wc -l < /tmp/live_kernels.txt)"
+    head -n 60 /tmp/live_kernels.txt
+  fi
   cp /tmp/gw/summary.md /tmp/gw/summary.json "$OUT/" 2>/dev/null
   tail -c 300000 /tmp/gw/serve.log > "$OUT/serve.log"
   # The engines' step reports and any failure with its traceback (the per-call lines crowd them out
