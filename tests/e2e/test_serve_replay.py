@@ -66,7 +66,8 @@ async def test_replay_of_twenty_concurrent_calls_against_the_daemon_reports_what
         assert c.rtp_sent == c.rtp_planned == c.gateway_rtp_packets == int(end["rtp_packets"])
         assert c.gateway_rtp_lost == 0
         assert (c.finals, c.partials) == (kinds[c.sip_call_id]["final"], kinds[c.sip_call_id]["partial"])
-        assert len(c.utterances) == 2  # two sentences per clip, as sent
+        # Two sentences per clip, as sent, each named after its clip (the same sentence in every call).
+        assert [u.sentence for u in c.utterances] == [f"{clip}#{k}" for clip in c.clips for k in (0, 1)]
     assert s.finals == report.counts["final"] and s.partials == report.counts["partial"]
     # A call whose audio waits more than the scheduler's queue bound before the encoder has chunks dropped:
     # the gateway's answer to a CPU it cannot keep up with. How many depends on what else the machine
@@ -90,6 +91,9 @@ async def test_replay_of_twenty_concurrent_calls_against_the_daemon_reports_what
     data = json.loads((out / "report.json").read_text())
     assert data["summary"]["completed"] == CALLS and len(data["calls"]) == CALLS
     assert data["summary"]["rtp_sent"] == s.rtp_sent
+    assert [u["sentence"] for u in data["calls"][0]["utterances"]] == [
+        u.sentence for u in rep.calls[0].utterances
+    ]
     assert (out / "report.md").stat().st_size > 500
     assert (out / "latency_cdf.png").stat().st_size > 1000
     assert (out / "batch_size.png").stat().st_size > 1000

@@ -117,6 +117,9 @@ def test_call_plan_puts_clips_on_packet_boundaries_with_lead_gap_and_tail(tmp_pa
     assert (first.start_ms, first.end_ms, first.start_packet, first.end_packet) == (500, 1500, 25, 74)
     assert (second.start_ms, second.end_ms) == (200 + 3200 + 1000 + 300, 200 + 3200 + 1000 + 1300)
     assert plan.reference == "hello world hello world"
+    # Each utterance names its sentence, the same in every call that plays the clip: a model that says
+    # nothing for one sentence is told apart from a lost final by it.
+    assert [u.sentence for u in plan.utterances] == [f"{c.name}#{k}" for _ in range(2) for k in range(2)]
 
 
 def test_clip_picker_repeats_files_until_the_call_is_long_enough(tmp_path: Path) -> None:

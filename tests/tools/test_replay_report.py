@@ -31,7 +31,7 @@ def ev(
 
 
 # Two utterances: speech 500–2000 ms and 3500–5000 ms of the call, their edge packets sent at these times.
-UTTS = [UtteranceTiming(500, 2000, 10.5, 12.0), UtteranceTiming(3500, 5000, 13.5, 15.0)]
+UTTS = [UtteranceTiming(500, 2000, 10.5, 12.0, "a.wav#0"), UtteranceTiming(3500, 5000, 13.5, 15.0, "a.wav#1")]
 
 
 def test_stats_gives_numpy_linear_percentiles_and_ignores_missing_values() -> None:
@@ -51,8 +51,8 @@ def test_time_to_final_runs_from_the_last_speech_packet_to_the_final_arrival() -
         ev("final", 6, 15.2, "how are you", (3400, 5100), 2),
     ]
     got = analysis.match_utterances(UTTS, events)
-    assert got[0] == UtteranceResult(500, 2000, pytest.approx(0.4), pytest.approx(0.35), 1)  # type: ignore[arg-type]
-    assert got[1] == UtteranceResult(3500, 5000, pytest.approx(0.6), pytest.approx(0.2), 1)  # type: ignore[arg-type]
+    assert got[0] == UtteranceResult(500, 2000, pytest.approx(0.4), pytest.approx(0.35), 1, "a.wav#0")  # type: ignore[arg-type]
+    assert got[1] == UtteranceResult(3500, 5000, pytest.approx(0.6), pytest.approx(0.2), 1, "a.wav#1")  # type: ignore[arg-type]
 
 
 def test_a_final_that_merges_two_utterances_counts_for_both_so_a_missed_endpoint_shows_as_latency() -> None:

@@ -269,27 +269,6 @@ def _engine_numbers(before: dict[str, float], after: dict[str, float], seconds: 
 # --- one level ---------------------------------------------------------------------------------------
 
 
-class _SentenceLabels:
-    """Names a call's utterances "clip#k" (its k-th speech segment, as replay finds them), so that
-    the sentences without any transcript can be compared across levels."""
-
-    def __init__(self, audio_dir: Path, pause_ms: int) -> None:
-        self._dir, self._pause_ms = audio_dir, pause_ms
-        self._counts: dict[str, int] = {}
-
-    def of_call(self, clips: list[str], n: int) -> list[str]:
-        labels = [f"{clip}#{k}" for clip in clips for k in range(self._count(clip))]
-        return labels if len(labels) == n else ["?"] * n
-
-    def _count(self, clip: str) -> int:
-        if clip not in self._counts:
-            from tools.replay.audio import load_clip
-
-            path = self._dir / clip
-            self._counts[clip] = len(load_clip(path, self._pause_ms).utterances) if path.exists() else 0
-        return self._counts[clip]
-
-
 def _p95(values: list[float]) -> float | str | None:
     """The capacity rule's p95 (`p95_nearest_rank`), rounded; "inf" when it falls on a missing final."""
     from tools.replay.analysis import p95_nearest_rank
@@ -322,15 +301,12 @@ def _merge_reports(folders: list[Path]) -> dict[str, Any]:
         counted += s.get("gateway_rtp_packets") or 0
         harness_cpu.append(r["harness"]["cpu_percent"])
         lateness_p99.append(r["harness"]["send_lateness_ms"]["p99"] or 0.0)
-        sentences = _SentenceLabels(Path(r["config"]["audio_dir"]), int(r["config"]["media"]["pause_ms"]))
         for c in r["calls"]:
-            utterances = c.get("utterances") or []
-            labels = sentences.of_call(c.get("clips") or [], len(utterances))
-            for u, label in zip(utterances, labels, strict=True):
+            for u in c.get("utterances") or []:
                 if u.get("ttf_s") is None:
                     missing += 1
                     if u.get("ttfp_s") is None:
-                        silent[label] += 1
+                        silent[u.get("sentence") or "?"] += 1
                 else:
                     ttf.append(u["ttf_s"])
                 if u.get("ttfp_s") is not None:

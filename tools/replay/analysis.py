@@ -127,6 +127,7 @@ class UtteranceTiming:
     end_ms: int
     start_t: float | None  # None: the call ended before this packet was sent
     end_t: float | None
+    sentence: str = ""  # "clip#k" (`CallUtterance.sentence`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,7 @@ class UtteranceResult:
     ttfp_s: float | None
     ttf_s: float | None
     finals: int  # finals covering this utterance
+    sentence: str = ""  # "clip#k": which sentence was spoken (a model may say nothing for one)
 
 
 def _covers(ev: ReceivedEvent, u: UtteranceTiming, margin_ms: int) -> bool:
@@ -152,7 +154,7 @@ def match_utterances(
     out: list[UtteranceResult] = []
     for k, u in enumerate(utterances):
         if u.start_t is None or u.end_t is None:
-            out.append(UtteranceResult(u.start_ms, u.end_ms, None, None, 0))
+            out.append(UtteranceResult(u.start_ms, u.end_ms, None, None, 0, u.sentence))
             continue
         start_t = u.start_t
         if timed:
@@ -167,7 +169,7 @@ def match_utterances(
             covering = [e for e in transcripts if lo < e.seq <= hi and e.arrival >= start_t]
         ttfp = min(e.arrival for e in covering) - start_t if covering else None
         ttf = max(e.arrival for e in covering_finals) - u.end_t if covering_finals else None
-        out.append(UtteranceResult(u.start_ms, u.end_ms, ttfp, ttf, len(covering_finals)))
+        out.append(UtteranceResult(u.start_ms, u.end_ms, ttfp, ttf, len(covering_finals), u.sentence))
     return out
 
 

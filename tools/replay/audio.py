@@ -287,6 +287,7 @@ class CallUtterance:
     end_ms: int
     start_packet: int  # the packet that carries its first speech sample
     end_packet: int  # the packet that carries its last speech sample
+    sentence: str = ""  # "clip#k": the clip's k-th speech segment (the same sentence in every call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,10 +325,14 @@ def plan_call(clips: Sequence[AudioClip], ptime_ms: int, lead_ms: int, gap_ms: i
             cursor += packets(gap_ms)
         placed.append(PlacedClip(clip, cursor))
         base = cursor * spp
-        for u in clip.utterances:
+        for j, u in enumerate(clip.utterances):
             s = base + u.start_ms * RATE // 1000
             e = base + u.end_ms * RATE // 1000  # exclusive sample index
-            utterances.append(CallUtterance(s * 1000 // RATE, e * 1000 // RATE, s // spp, (e - 1) // spp))
+            utterances.append(
+                CallUtterance(
+                    s * 1000 // RATE, e * 1000 // RATE, s // spp, (e - 1) // spp, f"{clip.name}#{j}"
+                )
+            )
         cursor += packets(clip.duration_ms)
     cursor += packets(tail_ms)
     return CallPlan(tuple(placed), cursor, spp, tuple(utterances))

@@ -449,7 +449,7 @@ class _Run:
                 send_lateness_max_ms=stream.lateness_max_s * 1000,
             )
             timings = [
-                UtteranceTiming(u.start_ms, u.end_ms, m.start_t, m.end_t)
+                UtteranceTiming(u.start_ms, u.end_ms, m.start_t, m.end_t, u.sentence)
                 for u, m in zip(stream.plan.utterances, stream.marks, strict=True)
             ]
             reference = stream.plan.reference if stream.done else None  # WER only over whole files
@@ -463,7 +463,8 @@ class _Run:
             kwargs.update(report.transcript_results(timings, events, reference, leg=leg.name))
         elif timings:
             kwargs["utterances"] = tuple(
-                report.analysis.UtteranceResult(t.start_ms, t.end_ms, None, None, 0) for t in timings
+                report.analysis.UtteranceResult(t.start_ms, t.end_ms, None, None, 0, t.sentence)
+                for t in timings
             )
         return report.CallResult(
             index=rec.index,

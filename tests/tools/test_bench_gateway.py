@@ -1,0 +1,49 @@
+"""`ttg bench gateway`'s merge of the load generators' reports: a level's numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from tools.bench.gateway import _merge_reports
+
+
+def _report(folder: Path, utterances: list[dict[str, Any]]) -> Path:
+    folder.mkdir()
+    summary = {"calls": 1, "completed": 1, "rejected": 0, "rtp_sent_to_reporting_calls": 100}
+    summary["gateway_rtp_packets"] = 100
+    harness = {"cpu_percent": 12.0, "send_lateness_ms": {"p99": 1.5}}
+    (folder / "report.json").write_text(
+        json.dumps({"summary": summary, "harness": harness, "calls": [{"utterances": utterances}]})
+    )
+    return folder
+
+
+def test_sentences_the_model_says_nothing_for_are_named_from_the_replay_report_and_left_out_once(
+    tmp_path: Path,
+) -> None:
+    """An utterance with neither a final nor a partial is a sentence the model emitted nothing for,
+    named by the "clip#k" replay recorded; one with a partial but no final is a lost final. The first
+    p95 counts every missing final as infinitely late (the capacity rule), the second leaves out only
+    the silent sentences."""
+    said = [{"ttf_s": 0.1 * k, "ttfp_s": 0.05, "sentence": f"a.wav#{k}"} for k in range(1, 18)]
+    silent = {"ttf_s": None, "ttfp_s": None, "sentence": "b.wav#1"}
+    lost = {"ttf_s": None, "ttfp_s": 0.3, "sentence": "a.wav#0"}
+    folders = [
+        _report(tmp_path / "r0", [*said[:9], silent]),
+        _report(tmp_path / "r1", [*said[9:], silent, lost]),
+    ]
+    level = _merge_reports(folders)
+    assert level["utterances"] == 20 and level["without_final"] == 3
+    assert level["without_any_transcript"] == 2
+    assert level["without_any_transcript_by_sentence"] == {"b.wav#1": 2}
+    assert level["ttf_p95_s"] == "inf"  # rank 19 of 20: a missing final
+    # Without the silent sentence: 18 utterances, rank 18 is the lost final.
+    assert level["ttf_p95_spoken_s"] == "inf"
+    folders[1].joinpath("report.json").unlink()
+    _report(tmp_path / "r2", [*said[9:], silent])
+    level = _merge_reports([folders[0], tmp_path / "r2"])
+    assert level["ttf_p95_spoken_s"] == round(1.7, 3)  # 17 spoken, all with finals: the largest
+    assert math.isclose(level["ttfp_p50_s"], 0.05)
