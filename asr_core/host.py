@@ -260,6 +260,9 @@ def _send(control: socket.socket, msg: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from asr_core.remote import ignore_stop_signals
+
+    ignore_stop_signals()
     p = argparse.ArgumentParser(prog="python -m asr_core.host", description="the ASR engine process")
     p.add_argument("--model", required=True)
     p.add_argument("--precision", default="auto")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -49,6 +50,17 @@ from asr_core.wire import (
     encode_finish,
     encode_open,
 )
+
+
+def ignore_stop_signals() -> None:
+    """For a process the daemon starts (the engine, a media worker): SIGINT and SIGTERM are the
+    daemon's. systemd stops a unit by signalling every process of its control group, and a terminal's
+    Ctrl-C reaches its whole process group; a child that died of them would end its calls without their
+    finals. The daemon drains the calls, then stops its children in order over their control sockets
+    (and kills one that does not stop); a child whose daemon is gone sees its control socket close."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
 
 CHUNK_CHANNEL_BYTES = 16 << 20  # ~1,000 chunks of 32 x 128 mels: seconds of a busy worker's output
 RESULTS_CHANNEL_BYTES = 8 << 20

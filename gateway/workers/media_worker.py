@@ -32,7 +32,7 @@ from numpy.typing import NDArray
 
 from asr_core.channel import ChannelEnd, ChannelWriter
 from asr_core.frontend import FrontEndFactory, FrontEndSpec, StreamFrontEnd
-from asr_core.remote import ChunkSender
+from asr_core.remote import ChunkSender, ignore_stop_signals
 from gateway.logs import configure_logging
 from gateway.rtp.media import MediaConfig
 from gateway.rtp.ports import PortsExhausted
@@ -236,6 +236,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    ignore_stop_signals()
     p = argparse.ArgumentParser(prog="python -m gateway.workers.media_worker")
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--control", type=int, required=True, help="control socket fd (inherited)")

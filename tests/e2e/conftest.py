@@ -192,6 +192,12 @@ class Serve:
         if self.running:
             os.kill(self.pid, sig)
 
+    def signal_group(self, sig: signal.Signals) -> None:
+        """`sig` to every process of the daemon's group (it leads its own session: `start`), as
+        systemd's default KillMode and a terminal's Ctrl-C do."""
+        if self.running:
+            os.killpg(self.pid, sig)
+
     def wait(self, timeout_s: float = 60.0) -> int:
         assert self.proc is not None
         return self.proc.wait(timeout_s)

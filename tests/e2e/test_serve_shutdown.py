@@ -109,3 +109,38 @@ async def test_a_second_signal_cuts_the_grace_period_short_and_still_ends_every_
     assert not report.problems, report.problems
     assert [evs[-1]["reason"] for evs in report.calls.values()] == ["shutdown", "shutdown"]
     assert "SIGINT again: hanging up every call now" in gw.log()
+
+
+async def test_sigterm_to_the_whole_process_group_drains_as_one_to_the_daemon(
+    serve: Callable[..., Serve], tiny_bundle: Path, redis_url: str, short_speech: Speech, tmp_path: Path
+) -> None:
+    """systemd stops a unit by signalling every process of its control group, and Ctrl-C reaches the
+    terminal's whole process group: the media workers and the engine process ignore both, so the daemon
+    drains its calls, then stops them in order, exactly as when it alone is signalled."""
+    gw = serve(bundle=tiny_bundle, redis_url=redis_url, env={"TTG_DAEMON__SHUTDOWN_GRACE_S": "1"})
+    await asyncio.to_thread(gw.start)
+    callers = asyncio.create_task(
+        asyncio.to_thread(
+            sipp_calls, gw.sip_port, DATA / "uac_stream_until_bye.xml", tmp_path / "callers",
+            speech=short_speech,
+            calls=2, rate=20, loops=-1, timeout_s=60,
+        )
+    )  # fmt: skip
+
+    def talking() -> bool:
+        entries = read_stream(redis_url, STREAM)
+        return len({f["call_id"] for _, f in entries if f["type"] in ("partial", "final")}) == 2
+
+    await until(talking, "2 calls transcribing", timeout_s=40)
+    gw.signal_group(signal.SIGTERM)
+    assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
+    result = await callers
+    assert result.stats.get("SuccessfulCall(C)") == 2, result.stderr + result.errors
+    entries = read_stream(redis_url, STREAM)
+    report = audit(entries, ended=[f["call_id"] for _, f in entries if f["type"] == "call_start"])
+    assert not report.problems, report.problems
+    for events in report.calls.values():
+        assert (events[-1]["reason"], events[-1]["asr"]) == ("shutdown", "finished"), events[-1]
+        assert events[-2]["type"] == "final" and events[-2]["text"]
+    log = gw.log()
+    assert "is gone" not in log and "exited with status" not in log, gw.log_tail(40)
