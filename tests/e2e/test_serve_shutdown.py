@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sink.audit import audit, read_stream
+from gateway.sink.audit import AuditReport, audit, read_stream
 from tests.e2e.conftest import DATA, SIPP_DATA, STREAM, Serve, Speech, sipp_calls, until
-from tests.fixtures.telephony import run_sipp
+from tests.fixtures.telephony import SippResult, run_sipp
 
 pytestmark = [pytest.mark.sipp, pytest.mark.redis, pytest.mark.slow]
 
@@ -23,14 +23,7 @@ async def test_sigterm_during_five_live_calls_hangs_them_up_with_finals_and_exit
     grace_s = 2.0
     gw = serve(bundle=tiny_bundle, redis_url=redis_url, env={"TTG_DAEMON__SHUTDOWN_GRACE_S": str(grace_s)})
     await asyncio.to_thread(gw.start)
-    # Five callers that keep talking (the file in a loop) until the gateway hangs up.
-    callers = asyncio.create_task(
-        asyncio.to_thread(
-            sipp_calls, gw.sip_port, DATA / "uac_stream_until_bye.xml", tmp_path / "callers",
-            speech=short_speech,
-            calls=5, rate=20, loops=-1, timeout_s=60,
-        )
-    )  # fmt: skip
+    callers = _talk_until_hung_up(gw, short_speech, tmp_path, calls=5)
 
     def live() -> bool:
         # Live: every call started and has transcribed something (its audio flows through the engine).
@@ -88,13 +81,7 @@ async def test_a_second_signal_cuts_the_grace_period_short_and_still_ends_every_
 ) -> None:
     gw = serve(bundle=tiny_bundle, redis_url=redis_url, env={"TTG_DAEMON__SHUTDOWN_GRACE_S": "600"})
     await asyncio.to_thread(gw.start)
-    callers = asyncio.create_task(
-        asyncio.to_thread(
-            sipp_calls, gw.sip_port, DATA / "uac_stream_until_bye.xml", tmp_path / "callers",
-            speech=short_speech,
-            calls=2, rate=20, loops=-1, timeout_s=60,
-        )
-    )  # fmt: skip
+    callers = _talk_until_hung_up(gw, short_speech, tmp_path, calls=2)
     await until(lambda: gw.metric("ttg_active_calls") == 2, "2 calls up", timeout_s=40)
     gw.signal(signal.SIGTERM)
     await until(
@@ -102,11 +89,7 @@ async def test_a_second_signal_cuts_the_grace_period_short_and_still_ends_every_
     )
     gw.signal(signal.SIGINT)  # Ctrl-C: do not wait out the grace period
     assert await asyncio.to_thread(gw.wait, 30) == 0, gw.log_tail()
-    result = await callers
-    assert result.stats.get("SuccessfulCall(C)") == 2, result.stderr + result.errors
-    entries = read_stream(redis_url, STREAM)
-    report = audit(entries, ended=[f["call_id"] for _, f in entries if f["type"] == "call_start"])
-    assert not report.problems, report.problems
+    report = _hung_up_and_audited(await callers, redis_url, calls=2)
     assert [evs[-1]["reason"] for evs in report.calls.values()] == ["shutdown", "shutdown"]
     assert "SIGINT again: hanging up every call now" in gw.log()
 
@@ -119,13 +102,7 @@ async def test_sigterm_to_the_whole_process_group_drains_as_one_to_the_daemon(
     drains its calls, then stops them in order, exactly as when it alone is signalled."""
     gw = serve(bundle=tiny_bundle, redis_url=redis_url, env={"TTG_DAEMON__SHUTDOWN_GRACE_S": "1"})
     await asyncio.to_thread(gw.start)
-    callers = asyncio.create_task(
-        asyncio.to_thread(
-            sipp_calls, gw.sip_port, DATA / "uac_stream_until_bye.xml", tmp_path / "callers",
-            speech=short_speech,
-            calls=2, rate=20, loops=-1, timeout_s=60,
-        )
-    )  # fmt: skip
+    callers = _talk_until_hung_up(gw, short_speech, tmp_path, calls=2)
 
     def talking() -> bool:
         entries = read_stream(redis_url, STREAM)
@@ -134,13 +111,28 @@ async def test_sigterm_to_the_whole_process_group_drains_as_one_to_the_daemon(
     await until(talking, "2 calls transcribing", timeout_s=40)
     gw.signal_group(signal.SIGTERM)
     assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
-    result = await callers
-    assert result.stats.get("SuccessfulCall(C)") == 2, result.stderr + result.errors
-    entries = read_stream(redis_url, STREAM)
-    report = audit(entries, ended=[f["call_id"] for _, f in entries if f["type"] == "call_start"])
-    assert not report.problems, report.problems
+    report = _hung_up_and_audited(await callers, redis_url, calls=2)
     for events in report.calls.values():
         assert (events[-1]["reason"], events[-1]["asr"]) == ("shutdown", "finished"), events[-1]
         assert events[-2]["type"] == "final" and events[-2]["text"]
     log = gw.log()
     assert "is gone" not in log and "exited with status" not in log, gw.log_tail(40)
+
+
+def _talk_until_hung_up(gw: Serve, speech: Speech, tmp_path: Path, calls: int) -> asyncio.Task[SippResult]:
+    """`calls` sipp callers that keep talking (the file in a loop) until the gateway hangs up."""
+    return asyncio.create_task(
+        asyncio.to_thread(
+            sipp_calls, gw.sip_port, DATA / "uac_stream_until_bye.xml", tmp_path / "callers",
+            speech=speech, calls=calls, rate=20, loops=-1, timeout_s=60,
+        )
+    )  # fmt: skip
+
+
+def _hung_up_and_audited(callers: SippResult, redis_url: str, calls: int) -> AuditReport:
+    """Every caller got the gateway's BYE and answered it; the stream's audit finds nothing wrong."""
+    assert callers.stats.get("SuccessfulCall(C)") == calls, callers.stderr + callers.errors
+    entries = read_stream(redis_url, STREAM)
+    report = audit(entries, ended=[f["call_id"] for _, f in entries if f["type"] == "call_start"])
+    assert not report.problems, report.problems
+    return report
