@@ -142,7 +142,7 @@ class StreamingEncoder:
         self._free: list[int] = []
         self._capacity = 0
         self._pending: list[tuple[int, mx.array, mx.array]] = []  # (pool id, row indices, values)
-        self._host_inputs = np.zeros(1 << 12, np.int32)  # where a step's inputs are built (`_Uploads`)
+        self._uploads = _Uploads()  # where a step's inputs are built, kept from step to step
         self._sub_fns: dict[tuple[bool, bool, bool, bool], Callable[..., tuple[mx.array, ...]]] = {}
         self._stack_fns: dict[tuple[int, bool], Callable[..., tuple[mx.array, ...]]] = {}
         # After `warmup`: the call shapes it traced. A compiled call on any other shape (a first chunk
@@ -260,7 +260,8 @@ class StreamingEncoder:
         # its stream's regular stack call too, padded behind its frames and masked (`_stack_meta`);
         # the causal convolution never reads the padding, and no query sees it.
         # The host builds every call's inputs first; they reach the device in one array (`_Uploads`).
-        up = _Uploads(self._host_inputs)
+        up = self._uploads
+        up.start()
         subs = [_SubCall(key, group) for key, group in _group(planned, self._sub_key).items() if key[0]]
         for s in subs:
             n, first, last = s.key
@@ -306,7 +307,6 @@ class StreamingEncoder:
             call.keep = None if len(keep) in (0, B) else up.add(np.array(keep, np.int32))
             call.commits = bool(keep)
         up.send()
-        self._host_inputs = up.buffer  # grown, if this step needed more room
 
         xs_by_sub: list[mx.array] = []
         for s in subs:
@@ -728,22 +728,28 @@ class _Uploads:
 
     Why one: on CUDA, `mx.array(ndarray)` takes a host-visible buffer from MLX's allocator, whose cache
     may return a device buffer of that size that it first moves to unified memory (a managed allocation
-    and a synchronous copy); a step made a dozen or more. The host buffer is the encoder's, kept from
-    step to step (`buffer`: grown when a step needs more), so a step's mel is copied once into it and
+    and a synchronous copy); a step made a dozen or more. The encoder keeps one, so its host buffer
+    lives from step to step (grown when a step needs more) and a step's mel is copied once into it and
     once to the device."""
 
-    def __init__(self, host: np.ndarray) -> None:
-        self.buffer = host
+    def __init__(self) -> None:
+        self._buffer = np.zeros(1 << 12, np.int32)
         self._used = 0
         self._parts: list[tuple[int, int, tuple[int, ...], np.dtype]] = []  # (offset, size, shape, dtype)
         self._views: list[mx.array] = []
+
+    def start(self) -> None:
+        """A new step: the handles of the last one are void (its views live on where they were used)."""
+        self._used = 0
+        self._parts.clear()
+        self._views.clear()
 
     def zeros(self, shape: tuple[int, ...]) -> tuple[int, np.ndarray]:
         """A float32 input to fill in place (zeros until then): its handle and a writable view, valid
         until the next `zeros` or `add` (the buffer may move when it grows)."""
         n = int(np.prod(shape))
         start = self._room(n, shape, np.dtype(np.float32))
-        words = self.buffer[start : start + n]
+        words = self._buffer[start : start + n]
         words[:] = 0
         return len(self._parts) - 1, words.view(np.float32).reshape(shape)
 
@@ -751,12 +757,12 @@ class _Uploads:
         if a.dtype not in (np.int32, np.float32, np.bool_):
             raise TypeError(f"an upload carries int32, float32 or bool, not {a.dtype}")
         start = self._room(a.size, a.shape, a.dtype)
-        words = self.buffer[start : start + a.size]
+        words = self._buffer[start : start + a.size]
         (words.view(np.float32) if a.dtype == np.float32 else words)[:] = a.reshape(-1)
         return len(self._parts) - 1
 
     def send(self) -> None:
-        device = mx.array(self.buffer[: self._used])  # a copy: the buffer is free for the next step
+        device = mx.array(self._buffer[: self._used])  # a copy: the buffer is free for the next step
         for start, n, shape, dtype in self._parts:
             view = device[start : start + n]
             if dtype == np.float32:
@@ -770,10 +776,10 @@ class _Uploads:
 
     def _room(self, n: int, shape: tuple[int, ...], dtype: np.dtype) -> int:
         start = self._used
-        if start + n > self.buffer.size:
-            grown = np.empty(max(2 * self.buffer.size, start + n), np.int32)
-            grown[:start] = self.buffer[:start]
-            self.buffer = grown
+        if start + n > self._buffer.size:
+            grown = np.empty(max(2 * self._buffer.size, start + n), np.int32)
+            grown[:start] = self._buffer[:start]
+            self._buffer = grown
         self._used = start + n
         self._parts.append((start, n, shape, dtype))
         return start
