@@ -317,6 +317,12 @@ class DaemonSettings(BaseModel):
         "calls of its share of the workers on the same accelerator; more than one where one process's "
         "kernel launches are the limit (a GPU: docs/benchmarks.md)",
     )
+    cuda_mps: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Several engine processes on an NVIDIA GPU run through a CUDA MPS server of the "
+        "gateway's own (their kernels side by side instead of time-sliced): auto = with two or more "
+        "engines where nvidia-cuda-mps-control is installed and no CUDA_MPS_PIPE_DIRECTORY is set",
+    )
 
 
 class LogSettings(BaseModel):

@@ -954,8 +954,7 @@ def main(args: argparse.Namespace) -> int:
 def _main_with_workers(settings: Settings, workers: int) -> int:
     """The multi-process model: the engine process loads the model and starts before anything here is
     bound (a bad bundle still ends the process with status 2 and one line), then the daemon."""
-    from asr_core.errors import EngineStoppedError
-    from asr_core.remote import EngineProcess
+    from gateway.cuda_mps import MpsError, start_for_engines
 
     try:
         choice = choose_model(settings)
@@ -968,6 +967,25 @@ def _main_with_workers(settings: Settings, workers: int) -> int:
             "TTG_DAEMON__ENGINES=%d but %d media workers: running %d engine processes",
             settings.daemon.engines, workers, n_engines,
         )  # fmt: skip
+    try:
+        mps = start_for_engines(settings.daemon.cuda_mps, n_engines)
+    except MpsError as e:
+        print(f"ttg serve: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+    try:
+        return _run_engines_and_daemon(settings, workers, choice, n_engines, mps.client_env if mps else {})
+    finally:
+        # After the engines stopped: the daemon waits for its clients.
+        if mps is not None:
+            logger.info("CUDA MPS: control daemon %s stopped, status %s", mps.pid, mps.stop())
+
+
+def _run_engines_and_daemon(
+    settings: Settings, workers: int, choice: ModelChoice, n_engines: int, engine_env: dict[str, str]
+) -> int:
+    from asr_core.errors import EngineStoppedError
+    from asr_core.remote import EngineProcess
+
     engines: list[EngineProcess] = []
     with _bundle_view(settings, choice.dir) as (folder, back):
         try:
@@ -982,6 +1000,7 @@ def _main_with_workers(settings: Settings, workers: int) -> int:
                     log_level=settings.log.level,
                     role="engine" if n_engines == 1 else f"engine_{k}",
                     device_share=1 / n_engines,
+                    env={**os.environ, **engine_env} if engine_env else None,
                 )
                 engines.append(engine)
                 t0 = time.monotonic()

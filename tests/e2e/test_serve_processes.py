@@ -16,6 +16,7 @@ import pytest
 
 from gateway.sink.audit import audit, read_stream
 from tests.e2e.conftest import DATA, SIPP_DATA, STREAM, Serve, Speech, sipp_calls, until
+from tests.fixtures import mps_control
 
 pytestmark = [pytest.mark.sipp, pytest.mark.redis, pytest.mark.slow]
 
@@ -135,17 +136,36 @@ async def test_the_engine_process_dying_ends_every_call_and_exits_1(
     assert "ASR engine failed" in gw.log()
 
 
+def _environ(pid: int) -> list[str]:
+    return (Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")).split("\0")
+
+
 async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cleanly(
     tiny_bundle: Path, redis_url: str, short_speech: Speech, tmp_path: Path
 ) -> None:
     """TTG_DAEMON__ENGINES=2: worker i feeds engine i mod 2, so the calls spread over both engines'
-    encoder threads; every call gets its finals and call_end, and SIGTERM drains both (exit 0)."""
-    gw = Serve(tmp_path / "serve", bundle=tiny_bundle, redis_url=redis_url, mode="media_workers",
-               env={"TTG_DAEMON__SHUTDOWN_GRACE_S": "0", "TTG_DAEMON__ENGINES": "2"})  # fmt: skip
+    encoder threads; every call gets its finals and call_end, and SIGTERM drains both (exit 0). Where
+    NVIDIA's MPS control program is installed (here its stand-in), the engines — and only they — run
+    through the gateway's own MPS server, which is told to quit after them."""
+    mps = mps_control.install(tmp_path / "bin")
+    record = tmp_path / "mps.txt"
+    env = {
+        "TTG_DAEMON__SHUTDOWN_GRACE_S": "0",
+        "TTG_DAEMON__ENGINES": "2",
+        "PATH": f"{mps.parent}{os.pathsep}{os.environ['PATH']}",
+        "MPS_STANDIN_RECORD": str(record),
+    }
+    gw = Serve(tmp_path / "serve", bundle=tiny_bundle, redis_url=redis_url, mode="media_workers", env=env)
     try:
         await asyncio.to_thread(gw.start)
-        engines = [pid for pid, cmd in _children(gw.pid).items() if "asr_core.host" in cmd]
+        children = _children(gw.pid)
+        engines = [pid for pid, cmd in children.items() if "asr_core.host" in cmd]
         assert len(engines) == 2, gw.log_tail()
+        _, daemon_pid, pipe, _ = record.read_text().splitlines()[0].split()
+        assert int(daemon_pid) in children
+        for pid, cmd in children.items():
+            wanted = "asr_core.host" in cmd or pid == int(daemon_pid)  # not the media workers
+            assert (f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in _environ(pid)) == wanted, cmd
         callers = _callers(gw, short_speech, tmp_path / "callers", 4)
         await until(_talking(redis_url, 4), "4 calls transcribing", timeout_s=60, detail=gw.log_tail)
         gw.signal(signal.SIGTERM)
@@ -163,3 +183,6 @@ async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cl
     # Each engine process reports its own steps when it stops: both encoded calls.
     stepped = [line for line in gw.log().splitlines() if "asr_core.engine: encoder: " in line]
     assert len(stepped) >= 2, stepped
+    assert record.read_text().splitlines()[1:] == ["client quit", "daemon exits"]
+    assert f"CUDA MPS: control daemon {daemon_pid} stopped, status 0" in gw.log()
+    assert not Path(pipe).exists()

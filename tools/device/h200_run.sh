@@ -29,20 +29,6 @@ if [ ! -e /tmp/full.done ]; then
   touch /tmp/full.done
 fi
 stamp "bundle ready"
-# MPS=1: the gateway's processes share the GPU through a CUDA MPS server (their kernels run side by
-# side instead of time-sliced per process). A daemon of this run only, in private directories: the
-# card's settings (compute mode included) stay as they are; it quits when this script ends.
-if [ "${MPS:-0}" = 1 ]; then
-  if command -v nvidia-cuda-mps-control >/dev/null; then
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    nvidia-cuda-mps-control -d && stamp "MPS control daemon started"
-    trap 'echo quit | nvidia-cuda-mps-control; tail -n 5 /tmp/mps/log/control.log' EXIT
-  else
-    stamp "MPS=1 but nvidia-cuda-mps-control is not on this machine: running without MPS"
-  fi
-fi
-
 case "$phase" in
 engine)
   python3 -m gateway.cli bench engine-procs --model /tmp/full --calls 500 2000 --feeders 8 --seconds 20 \
@@ -97,7 +83,8 @@ gateway)
       fi
     ) &
   fi
-  # Which processes hold the GPU, once the first level runs (under MPS: the server and its clients).
+  # Which processes hold the GPU, once the first level runs (with several engines: the gateway's MPS
+  # server and its clients; GATEWAY_ARGS="--env TTG_DAEMON__CUDA_MPS=off" for the engines time-sliced).
   ( until grep -q "gateway ready" "$OUT/run.log" 2>/dev/null; do sleep 1; done; sleep 40
     nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv ) &
   while kill -0 "$bench" 2>/dev/null; do
