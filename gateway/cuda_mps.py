@@ -141,13 +141,14 @@ class MpsServer:
             return "no output"
 
 
-def start_for_engines(setting: MpsSetting, engines: int) -> MpsServer | None:
-    """The startup step: plan, start if planned (MpsError: `on` and it could not), log what was
-    decided. `auto` goes on without MPS when the daemon fails to start."""
+def start_for_engines(setting: MpsSetting, engines: int) -> tuple[MpsServer | None, str | None]:
+    """The startup step: plan, start if planned (MpsError: `on` and it could not). Returns the server
+    and what to log once the engines are up (None with one engine: nothing to say). `auto` goes on
+    without MPS when the daemon fails to start, with a warning now."""
     plan = plan_mps(setting, engines, dict(os.environ), shutil.which(CONTROL_BINARY))
+    note = None if engines < 2 else f"not started ({plan.reason})"
     if not plan.start or plan.binary is None:
-        logger.info("CUDA MPS: not started (%s)", plan.reason)
-        return None
+        return None, note
     server = MpsServer(plan.binary)
     try:
         server.start()
@@ -156,6 +157,5 @@ def start_for_engines(setting: MpsSetting, engines: int) -> MpsServer | None:
         if setting == "on":
             raise
         logger.warning("CUDA MPS: could not start, the engines share the GPU time-sliced: %s", e)
-        return None
-    logger.info("CUDA MPS: control daemon %d started for the engines (%s)", server.pid, plan.reason)
-    return server
+        return None, f"not started ({e})"
+    return server, f"the engines run through control daemon {server.pid} ({plan.reason})"

@@ -51,6 +51,7 @@ from gateway.logs import configure_logging
 
 if TYPE_CHECKING:
     from asr_core.config import EngineConfig
+    from gateway.cuda_mps import MpsServer
 
 logger = logging.getLogger(__name__)
 
@@ -968,24 +969,30 @@ def _main_with_workers(settings: Settings, workers: int) -> int:
             settings.daemon.engines, workers, n_engines,
         )  # fmt: skip
     try:
-        mps = start_for_engines(settings.daemon.cuda_mps, n_engines)
+        mps, mps_note = start_for_engines(settings.daemon.cuda_mps, n_engines)
     except MpsError as e:
         print(f"ttg serve: {e}", file=sys.stderr)
         return EXIT_FAILURE
     try:
-        return _run_engines_and_daemon(settings, workers, choice, n_engines, mps.client_env if mps else {})
+        return _run_engines_and_daemon(settings, workers, choice, n_engines, mps, mps_note)
     finally:
-        # After the engines stopped: the daemon waits for its clients.
-        if mps is not None:
-            logger.info("CUDA MPS: control daemon %s stopped, status %s", mps.pid, mps.stop())
+        if mps is not None:  # a start that failed: after the engines went (the daemon waits for them)
+            mps.stop()
 
 
 def _run_engines_and_daemon(
-    settings: Settings, workers: int, choice: ModelChoice, n_engines: int, engine_env: dict[str, str]
+    settings: Settings,
+    workers: int,
+    choice: ModelChoice,
+    n_engines: int,
+    mps: MpsServer | None,
+    mps_note: str | None,
 ) -> int:
     from asr_core.errors import EngineStoppedError
     from asr_core.remote import EngineProcess
+    from gateway import metrics
 
+    engine_env = {**os.environ, **mps.client_env} if mps is not None else None
     engines: list[EngineProcess] = []
     with _bundle_view(settings, choice.dir) as (folder, back):
         try:
@@ -1000,7 +1007,7 @@ def _run_engines_and_daemon(
                     log_level=settings.log.level,
                     role="engine" if n_engines == 1 else f"engine_{k}",
                     device_share=1 / n_engines,
-                    env={**os.environ, **engine_env} if engine_env else None,
+                    env=engine_env,
                 )
                 engines.append(engine)
                 t0 = time.monotonic()
@@ -1021,8 +1028,15 @@ def _run_engines_and_daemon(
             _kill_all(engines)
             print("ttg serve: interrupted while loading the model", file=sys.stderr)
             return 130
+        # Said once the engines are up: a bundle that does not load stays a one-line error.
+        if mps_note is not None:
+            logger.info("CUDA MPS: %s", mps_note)
+        metrics.CUDA_MPS.set(1 if mps is not None else 0)
         daemon = Daemon(settings, None, choice, engine_processes=engines)
-        return _run_loop(daemon.run, settings.daemon.uvloop)
+        code = _run_loop(daemon.run, settings.daemon.uvloop)
+        if mps is not None:  # after the engines stopped: the control daemon waits for its clients
+            logger.info("CUDA MPS: control daemon %s stopped, status %s", mps.pid, mps.stop())
+        return code
 
 
 def _kill_all(engines: Sequence[Any]) -> None:

@@ -75,6 +75,7 @@ ENGINE_OVERLOADED = Gauge(
     "ttg_engine_overloaded", "1 while new calls are refused because the engine is too far behind"
 )
 MEDIA_WORKERS = Gauge("ttg_media_workers", "Media worker processes running (0 in single-process mode)")
+CUDA_MPS = Gauge("ttg_cuda_mps", "1 when the engine processes run through the gateway's own CUDA MPS server")
 MEDIA_WORKER_DEATHS = Counter(
     "ttg_media_worker_deaths_total", "Media worker processes that died (their calls ended as errors)"
 )

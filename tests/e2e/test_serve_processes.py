@@ -166,6 +166,7 @@ async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cl
         for pid, cmd in children.items():
             wanted = "asr_core.host" in cmd or pid == int(daemon_pid)  # not the media workers
             assert (f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in _environ(pid)) == wanted, cmd
+        assert gw.metric("ttg_cuda_mps") == 1
         callers = _callers(gw, short_speech, tmp_path / "callers", 4)
         await until(_talking(redis_url, 4), "4 calls transcribing", timeout_s=60, detail=gw.log_tail)
         gw.signal(signal.SIGTERM)

@@ -57,8 +57,9 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_the_daemon_runs_in_private_directories_and_quits_at_stop(standin: Path) -> None:
-    server = start_for_engines("auto", 2)
+    server, note = start_for_engines("auto", 2)
     assert server is not None and server.pid is not None
+    assert note == f"the engines run through control daemon {server.pid} (2 engine processes share the GPU)"
     pipe, logs = Path(server.client_env[PIPE_VAR]), Path(server.client_env["CUDA_MPS_LOG_DIRECTORY"])
     assert pipe.is_dir() and logs.is_dir() and (pipe / "control").exists()
     assert pipe.stat().st_mode & 0o077 == 0  # only this user's processes can reach it
@@ -78,7 +79,8 @@ def test_a_daemon_that_fails_is_an_error_with_its_words_under_on_and_a_warning_u
     with pytest.raises(MpsError, match="status 3: An instance of this daemon is already running"):
         start_for_engines("on", 2)
     with caplog.at_level(logging.WARNING, logger="gateway.cuda_mps"):
-        assert start_for_engines("auto", 2) is None
+        server, note = start_for_engines("auto", 2)
+    assert server is None and note is not None and "already running" in note
     assert "time-sliced" in caplog.text and "already running" in caplog.text
     assert set(Path(tempfile.gettempdir()).glob("ttg-mps-*")) == before  # its directories removed
 
@@ -90,3 +92,9 @@ def test_stop_kills_a_daemon_that_does_not_quit(standin: Path, tmp_path: Path) -
     (tmp_path / "deaf" / mps_control.NAME).write_text("#!/bin/sh\ncat > /dev/null\n")
     assert server.stop(timeout=0.5) is None
     assert server.proc is not None and server.proc.returncode is not None
+
+
+def test_one_engine_has_nothing_to_say_about_mps(standin: Path) -> None:
+    """A bundle that does not load stays a one-line error: nothing is logged for one engine."""
+    assert start_for_engines("auto", 1) == (None, None)
+    assert not standin.exists()  # no daemon was started
