@@ -42,7 +42,7 @@ class MpsError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class MpsPlan:
-    """Whether to start a server, and why (or why not): the reason is logged at startup."""
+    """Whether to start a server, and why (or why not): logged once the engines are up."""
 
     start: bool
     reason: str
