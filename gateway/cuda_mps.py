@@ -7,7 +7,8 @@ the Multi-Process Service the engines' work goes through one server and their ke
 0.90 s).
 
 The server belongs to this gateway: the control daemon runs as its child (`-f`, in a session of its own
-so that a signal to the gateway's process group does not stop it under engines still draining), with
+so that a signal to the gateway's process group does not stop it under engines still draining; on
+Linux it gets SIGTERM if the gateway dies outright), with
 its pipe and log directories in a private temporary directory, and only the engine processes are given
 those directories (`CUDA_MPS_PIPE_DIRECTORY`, `CUDA_MPS_LOG_DIRECTORY`); other users of the GPU do not
 go through it, and the GPU's compute mode is left as it is. At shutdown, after the engines stopped, the
@@ -16,12 +17,16 @@ daemon is told `quit` (it waits for its clients) and reaped; one that does not g
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -34,6 +39,7 @@ PIPE_VAR = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_VAR = "CUDA_MPS_LOG_DIRECTORY"
 READY_TIMEOUT_S = 10.0
 QUIT_TIMEOUT_S = 30.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class MpsError(RuntimeError):
@@ -93,6 +99,7 @@ class MpsServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_dies_with_parent(os.getpid()) if sys.platform == "linux" else None,
             )
         # Ready once its pipes exist: a client that looked earlier would run without MPS.
         pipes = Path(self.client_env[PIPE_VAR])
@@ -139,6 +146,20 @@ class MpsServer:
             return (self.root / "stdio.log").read_text(errors="replace").strip()[-500:] or "no output"
         except OSError:
             return "no output"
+
+
+def _dies_with_parent(parent: int) -> Callable[[], None]:
+    """Run in the child before exec (Linux): SIGTERM to it when the thread that started it ends, so a
+    gateway killed outright (SIGKILL, the OOM killer) leaves no control daemon behind. The gateway
+    starts it from its main thread, which lives as long as the process."""
+
+    def arm() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent was gone before the line above
+            os._exit(1)
+
+    return arm
 
 
 def start_for_engines(setting: MpsSetting, engines: int) -> tuple[MpsServer | None, str | None]:

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -98,3 +103,24 @@ def test_one_engine_has_nothing_to_say_about_mps(standin: Path) -> None:
     """A bundle that does not load stays a one-line error: nothing is logged for one engine."""
     assert start_for_engines("auto", 1) == (None, None)
     assert not standin.exists()  # no daemon was started
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_gateway_killed_outright_leaves_no_control_daemon(standin: Path, tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer) skips the gateway's shutdown; its control daemon goes with it."""
+    script = (
+        "import os, signal, sys\n"
+        "from gateway.cuda_mps import MpsServer\n"
+        f"server = MpsServer({str(mps_control.install(tmp_path / 'bin'))!r})\n"
+        "server.start()\n"
+        "print(server.pid, server.root, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    pid, root = proc.stdout.split()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shutil.rmtree(root, ignore_errors=True)
+    assert not Path(f"/proc/{pid}").exists()
