@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cuda_mps import PIPE_VAR, MpsError, MpsServer, plan_mps, start_for_engines
-from tests.fixtures import mps_control
+from tests.fixtures import mps_control, peers
 
 BINARY = "/usr/bin/nvidia-cuda-mps-control"
 
@@ -105,7 +105,7 @@ def test_one_engine_has_nothing_to_say_about_mps(standin: Path) -> None:
     assert not standin.exists()  # no daemon was started
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+@peers.linux_only  # PR_SET_PDEATHSIG is Linux's
 def test_a_gateway_killed_outright_leaves_no_control_daemon(standin: Path, tmp_path: Path) -> None:
     """SIGKILL (the OOM killer) skips the gateway's shutdown; its control daemon goes with it."""
     script = (
