@@ -67,6 +67,9 @@ FORCED_FLUSH_S = 1.0
 ENGINE_FAILURE_GRACE_S = 5.0
 ENGINE_SHUTDOWN_S = 10.0
 ENGINE_START_TIMEOUT_S = 900.0  # a GPU's first start compiles its kernels (minutes on a fresh machine)
+# An engine process that fails while others run is replaced: first the calls on its media workers end
+# (they lost their ASR streams; each gets its BYE and call_end), for at most this long.
+ENGINE_REPLACE_DRAIN_S = 10.0
 STATUS_PERIOD_S = 0.25  # how often the engine's lag is looked at (admission, /readyz, metrics)
 
 
@@ -462,7 +465,9 @@ class Daemon:
     given, already started): the engines run in those processes, `MediaWorkerPool` starts the workers
     that receive RTP and run the ASR front end (worker i feeds engine i mod N), `WorkerLegs` carries the
     call core's leg effects to them and the engines' results back; this process keeps SIP, the
-    per-call cores, Redis and HTTP. Any engine process that fails stops the gateway (exit status 1).
+    per-call cores, Redis and HTTP. An engine process that fails while others run is replaced with its
+    media workers (`new_engine(k)` makes engine k; its calls end as errors, the others go on); the
+    only engine, or the last one up, failing stops the gateway (exit status 1).
 
     `engine_factory(model, on_fatal)` builds the (not yet started) engine; tests pass one that wraps
     the real engine's model to inject a failure. `install_signals=False` when the caller owns them.
@@ -477,10 +482,14 @@ class Daemon:
         engine_factory: EngineFactory | None = None,
         install_signals: bool = True,
         engine_processes: Sequence[Any] = (),
+        new_engine: Callable[[int], Any] | None = None,
     ) -> None:
         self.settings = settings
         self.model = model
         self.engine_processes = list(engine_processes)  # asr_core.remote.EngineProcess, started
+        self.new_engine = new_engine  # engine process k, not started: replaces one that failed
+        self._engines_down: set[int] = set()  # failed, being replaced
+        self._replacing: set[asyncio.Task[None]] = set()  # `_replace_engine` at work
         self.pool: Any = None
         self.legs: Any = None
         self.choice = choice
@@ -524,6 +533,9 @@ class Daemon:
 
     def _on_engine_fatal(self, error: BaseException) -> None:
         """Called on the engine's MLX thread."""
+        from gateway import metrics
+
+        metrics.ENGINE_FAILURES.inc()
         loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is already closed
@@ -626,6 +638,9 @@ class Daemon:
         self.readiness.details["engine_lag_s"] = lambda: round(self.overload.lag_s, 3)
         if self.pool is not None:
             self.readiness.details["media_workers"] = lambda: self.pool.alive
+            self.readiness.details["engines_up"] = lambda: (
+                len(self.engine_processes) - len(self._engines_down)
+            )
         self.readiness.model_loaded = True
         self._tasks.add(asyncio.create_task(self._watch_engine()))
         logger.info(
@@ -698,6 +713,7 @@ class Daemon:
             loop.add_reader(engine.results.fileno(), self._engine_results, i)
             loop.add_reader(engine.control_fileno, self._engine_control, i)
         metrics.MEDIA_WORKERS.set(n)
+        metrics.ENGINES_UP.set(len(engines))
         first = engines[0]
         logger.info(
             "%d media workers up in %.1f s (RTP %s); ASR engine process%s %s (%s on %s): %s decoding, "
@@ -715,6 +731,8 @@ class Daemon:
             logger.exception("reading the results of engine %d failed", i)
 
     def _engine_control(self, i: int) -> None:
+        from gateway import metrics
+
         engine = self.engine_processes[i]
         alive = engine.poll_control()
         if alive and engine.failure is None:
@@ -728,10 +746,98 @@ class Daemon:
                 loop.remove_reader(engine.results.fileno())
         if self._engine_stopping or self.readiness.engine_failed:
             return
+        metrics.ENGINE_FAILURES.inc()
         error = engine.failure or "the engine process is gone"
+        others_up = len(self.engine_processes) - len(self._engines_down | {i})
+        if self.new_engine is not None and others_up > 0 and not self._stop.is_set():
+            self._engine_down(i, error)
+            return
         if not alive:
             self.legs.engine_died(error)
         self._engine_failed(RuntimeError(error))
+
+    def _workers_of(self, i: int) -> list[int]:
+        """The media workers that feed engine i (worker w feeds engine w mod N)."""
+        return list(range(i, self.pool.n, len(self.engine_processes)))
+
+    def _engine_down(self, i: int, error: str) -> None:
+        """Engine i failed while others run: its workers take no new calls, the calls on them end as
+        errors (the text decoded so far is already out), and a replacement starts."""
+        from gateway import metrics
+
+        workers = self._workers_of(i)
+        self._engines_down.add(i)
+        metrics.ENGINES_UP.set(len(self.engine_processes) - len(self._engines_down))
+        self.pool.suspend(workers)
+        logger.critical(
+            "ASR engine %d (process %s) failed (%s): the calls of media workers %s end as errors, "
+            "the other %d engine%s go on; replacing it",
+            i, self.engine_processes[i].pid, error, ",".join(map(str, workers)),
+            len(self.engine_processes) - len(self._engines_down),
+            "s" if len(self.engine_processes) - len(self._engines_down) != 1 else "",
+        )  # fmt: skip
+        self.legs.engine_died(error, engine=i, workers=workers)
+        task = asyncio.get_running_loop().create_task(self._replace_engine(i, workers))
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
+
+    async def _replace_engine(self, i: int, workers: list[int]) -> None:
+        """Engine i and its media workers, anew: the failed process goes, a new one loads the model
+        (seconds on a CPU; on a GPU tens of seconds, its kernels being cached by then), fresh workers
+        take their port slices and the new channel's ends, and the workers take calls again."""
+        from asr_core.errors import EngineStoppedError
+        from gateway import metrics
+
+        old = self.engine_processes[i]
+        await asyncio.to_thread(old.kill)
+        with contextlib.suppress(ValueError, OSError):  # still registered if it failed alive
+            self._engine_results(i)
+            asyncio.get_running_loop().remove_reader(old.results.fileno())
+        old.close()
+        left = await self.pool.drained(workers, ENGINE_REPLACE_DRAIN_S)
+        if left:
+            logger.warning("engine %d: %d legs still open after %.0f s; their workers stop anyway",
+                           i, left, ENGINE_REPLACE_DRAIN_S)  # fmt: skip
+        if self._stop.is_set():
+            return
+        assert self.new_engine is not None
+        engine = self.new_engine(i)
+        t0 = time.monotonic()
+        try:
+            start = asyncio.ensure_future(asyncio.to_thread(engine.start, ENGINE_START_TIMEOUT_S))
+            try:
+                await asyncio.shield(start)
+            except asyncio.CancelledError:  # the gateway stops: the start ends once the process is gone
+                await asyncio.to_thread(engine.kill)
+                with contextlib.suppress(Exception):
+                    await start
+                raise
+            await self.pool.replace(workers, engine.front_end_ends())
+        except asyncio.CancelledError:
+            await asyncio.to_thread(engine.kill)
+            engine.close()
+            raise
+        except (EngineStoppedError, RuntimeError, OSError) as e:
+            await asyncio.to_thread(engine.kill)
+            engine.close()
+            logger.critical("ASR engine %d could not be replaced: %s", i, e)
+            if len(self._engines_down) == len(self.engine_processes):
+                self._engine_failed(RuntimeError(f"no ASR engine is up: {e}"))
+            return
+        engine.handed_over()
+        self.engine_processes[i] = engine
+        loop = asyncio.get_running_loop()
+        loop.add_reader(engine.results.fileno(), self._engine_results, i)
+        loop.add_reader(engine.control_fileno, self._engine_control, i)
+        self._engines_down.discard(i)
+        self.pool.resume(workers)
+        metrics.ENGINES_UP.set(len(self.engine_processes) - len(self._engines_down))
+        metrics.MEDIA_WORKERS.set(self.pool.alive)
+        logger.info(
+            "ASR engine %d replaced by process %s in %.1f s, with media workers %s: %d of %d engines up",
+            i, engine.pid, time.monotonic() - t0, ",".join(map(str, workers)),
+            len(self.engine_processes) - len(self._engines_down), len(self.engine_processes),
+        )  # fmt: skip
 
     def _worker_died(self, index: int, legs: list[str]) -> None:
         """A media worker is gone: its calls end as errors (WorkerLegs); the others go on. With none
@@ -839,6 +945,9 @@ class Daemon:
             await self.http.stop()
         for task in list(self._tasks):
             task.cancel()
+        for task in list(self._replacing):  # a replacement engine starting goes with it
+            task.cancel()
+        await asyncio.gather(*self._replacing, return_exceptions=True)
         if self.pool is not None:
             await self.pool.stop()
         if self.engine is not None:
@@ -870,8 +979,8 @@ class Daemon:
             return code
 
         codes = await asyncio.gather(*(asyncio.to_thread(stop, e) for e in self.engine_processes))
-        for engine, code in zip(self.engine_processes, codes, strict=True):
-            if code != 0 and not self.readiness.engine_failed:
+        for k, (engine, code) in enumerate(zip(self.engine_processes, codes, strict=True)):
+            if code != 0 and not self.readiness.engine_failed and k not in self._engines_down:
                 logger.error("the engine process %s exited with status %d", engine.pid, code)
                 self.exit_code = EXIT_FAILURE
 
@@ -994,21 +1103,27 @@ def _run_engines_and_daemon(
 
     engine_env = {**os.environ, **mps.client_env} if mps is not None else None
     engines: list[EngineProcess] = []
+    front_ends = engine_front_ends(workers, n_engines)
     with _bundle_view(settings, choice.dir) as (folder, back):
+
+        def new_engine(k: int) -> EngineProcess:
+            """Engine process k (of n_engines) of this gateway, not started."""
+            return EngineProcess(
+                folder,
+                settings.model.precision,
+                engine_config(settings),
+                front_ends=front_ends[k],
+                log_level=settings.log.level,
+                role="engine" if n_engines == 1 else f"engine_{k}",
+                device_share=1 / n_engines,
+                env=engine_env,
+            )
+
         try:
             # One after the other: the first compiles what the accelerator needs (kernels go to a disk
             # cache), the others find it there.
-            for k, front_ends in enumerate(engine_front_ends(workers, n_engines)):
-                engine = EngineProcess(
-                    folder,
-                    settings.model.precision,
-                    engine_config(settings),
-                    front_ends=front_ends,
-                    log_level=settings.log.level,
-                    role="engine" if n_engines == 1 else f"engine_{k}",
-                    device_share=1 / n_engines,
-                    env=engine_env,
-                )
+            for k in range(n_engines):
+                engine = new_engine(k)
                 engines.append(engine)
                 t0 = time.monotonic()
                 engine.start(timeout=ENGINE_START_TIMEOUT_S)
@@ -1032,7 +1147,7 @@ def _run_engines_and_daemon(
         if mps_note is not None:
             logger.info("CUDA MPS: %s", mps_note)
         metrics.CUDA_MPS.set(1 if mps is not None else 0)
-        daemon = Daemon(settings, None, choice, engine_processes=engines)
+        daemon = Daemon(settings, None, choice, engine_processes=engines, new_engine=new_engine)
         code = _run_loop(daemon.run, settings.daemon.uvloop)
         if mps is not None:  # after the engines stopped: the control daemon waits for its clients
             logger.info("CUDA MPS: control daemon %s stopped, status %s", mps.pid, mps.stop())

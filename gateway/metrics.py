@@ -75,6 +75,14 @@ ENGINE_OVERLOADED = Gauge(
     "ttg_engine_overloaded", "1 while new calls are refused because the engine is too far behind"
 )
 MEDIA_WORKERS = Gauge("ttg_media_workers", "Media worker processes running (0 in single-process mode)")
+ENGINES_UP = Gauge(
+    "ttg_engines_up",
+    "ASR engine processes taking calls (0 in single-process mode; fewer while one is replaced)",
+)
+ENGINE_FAILURES = Counter(
+    "ttg_engine_failures_total",
+    "ASR engine processes that failed (their calls ended as errors); with several, each is replaced",
+)
 CUDA_MPS = Gauge("ttg_cuda_mps", "1 when the engine processes run through the gateway's own CUDA MPS server")
 MEDIA_WORKER_DEATHS = Counter(
     "ttg_media_worker_deaths_total", "Media worker processes that died (their calls ended as errors)"

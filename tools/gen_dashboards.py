@@ -440,6 +440,15 @@ def asr_rows() -> list[Row]:
                     ],
                     description="RTP receive and the ASR front end; 0 in single-process mode",
                 ),
+                Panel(
+                    "ASR engine processes",
+                    [
+                        (f"sum(ttg_engines_up{SEL})", "up"),
+                        (f"sum(increase(ttg_engine_failures_total{SEL}[$__rate_interval]))", "failures"),
+                    ],
+                    description="Engines taking calls (0 in single-process mode); one that fails while "
+                    "others run is replaced with its media workers",
+                ),
             ],
         ),
     ]

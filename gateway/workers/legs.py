@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,10 +231,16 @@ class WorkerLegs:
             elif isinstance(out, Status):
                 self._status[engine] = out.values
 
-    def engine_died(self, error: str) -> None:
-        """The engine process is gone: every open stream ends with an error."""
+    def engine_died(
+        self, error: str, engine: int | None = None, workers: Collection[int] | None = None
+    ) -> None:
+        """An engine process is gone: the open streams of `workers` (the media workers that fed it;
+        None: every worker) end with an error, and its last STATUS no longer counts."""
+        if engine is not None:
+            self._status.pop(engine, None)
         for leg in list(self._by_key.values()):
-            self._asr_ended(leg, StreamEnded(leg.stream_id, "error", error=error))
+            if workers is None or self.pool.owner(leg.id) in workers:
+                self._asr_ended(leg, StreamEnded(leg.stream_id, "error", error=error))
 
     def _asr_ended(self, leg: _Leg, ended: StreamEnded) -> None:
         self._by_key.pop(leg.key, None)

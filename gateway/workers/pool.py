@@ -8,6 +8,10 @@ events (DTMF, inactivity) go to `on_event`, metric deltas into this process's re
 
 A worker whose control socket reaches EOF is dead: its pending requests fail (`WorkerGone`), its legs
 are reported through `on_worker_died(index, legs)`, and it takes no new legs; the others go on.
+
+When an engine process fails, the workers that fed it are `suspend`ed (no new legs), and once their
+calls have ended (`drained`) each is `replace`d by a fresh process with its slice of the ports and its
+end of the new engine's channel; a replaced worker's end is not a death. Then they are `resume`d.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class _Worker:
     streams: int = 0
     ready: asyncio.Future[None] | None = None
     task: asyncio.Task[None] | None = None
+    accepting: bool = True  # takes new legs (False while its engine is being replaced)
+    retired: bool = False  # stopped to be replaced: its end is not a death
 
 
 def split_ports(port_min: int, port_max: int, n: int) -> list[tuple[int, int]]:
@@ -111,35 +117,41 @@ class MediaWorkerPool:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         for i in range(self.n):
-            here, there = socket.socketpair()
-            there.set_inheritable(True)
-            end = self.chunk_ends[i]
-            lo, hi = self.slices[i]
-            media = {"config": self.media_config, "host": self.host, "port_min": lo, "port_max": hi,
-                     "quarantine_s": self.quarantine_s}  # fmt: skip
-            cmd = [
-                self.python, "-m", "gateway.workers.media_worker", "--index", str(i),
-                "--control", str(there.fileno()), "--chunks", end.encode(), "--spec", str(self.spec_file),
-                "--media", json.dumps(media), "--log-level", self.log_level, "--role", f"media_{i}",
-            ]  # fmt: skip
-            if self.uvloop:
-                cmd.append("--uvloop")
-            proc = subprocess.Popen(cmd, pass_fds=[there.fileno(), *end.fds()])
-            there.close()
-            reader, writer = await asyncio.open_unix_connection(sock=here)
-            w = _Worker(i, proc, reader, writer, (lo, hi), ready=loop.create_future())
-            w.task = loop.create_task(self._read(w))
-            self.workers.append(w)
+            self.workers.append(await self._spawn(i, self.chunk_ends[i]))
         for w in self.workers:
-            assert w.ready is not None
-            try:
-                await asyncio.wait_for(asyncio.shield(w.ready), START_TIMEOUT_S)
-            except TimeoutError:
-                raise RuntimeError(
-                    f"media worker {w.index} did not start within {START_TIMEOUT_S:.0f} s"
-                ) from None
+            await self._until_ready(w)
+
+    async def _spawn(self, i: int, end: ChannelEnd, *, accepting: bool = True) -> _Worker:
+        """Worker process i with its port slice and `end` of its engine's chunk channel (not waited for)."""
+        here, there = socket.socketpair()
+        there.set_inheritable(True)
+        lo, hi = self.slices[i]
+        media = {"config": self.media_config, "host": self.host, "port_min": lo, "port_max": hi,
+                 "quarantine_s": self.quarantine_s}  # fmt: skip
+        cmd = [
+            self.python, "-m", "gateway.workers.media_worker", "--index", str(i),
+            "--control", str(there.fileno()), "--chunks", end.encode(), "--spec", str(self.spec_file),
+            "--media", json.dumps(media), "--log-level", self.log_level, "--role", f"media_{i}",
+        ]  # fmt: skip
+        if self.uvloop:
+            cmd.append("--uvloop")
+        proc = subprocess.Popen(cmd, pass_fds=[there.fileno(), *end.fds()])
+        there.close()
+        reader, writer = await asyncio.open_unix_connection(sock=here)
+        loop = asyncio.get_running_loop()
+        w = _Worker(i, proc, reader, writer, (lo, hi), ready=loop.create_future(), accepting=accepting)
+        w.task = loop.create_task(self._read(w))
+        return w
+
+    async def _until_ready(self, w: _Worker) -> None:
+        assert w.ready is not None
+        try:
+            await asyncio.wait_for(asyncio.shield(w.ready), START_TIMEOUT_S)
+        except TimeoutError:
+            raise RuntimeError(
+                f"media worker {w.index} did not start within {START_TIMEOUT_S:.0f} s"
+            ) from None
 
     @property
     def alive(self) -> int:
@@ -148,22 +160,57 @@ class MediaWorkerPool:
     async def stop(self) -> None:
         """Ask every worker to stop (its legs are aborted), then wait for the processes."""
         self._stopping = True
-        for w in self.workers:
-            if w.alive:
-                with contextlib.suppress(ConnectionError, RuntimeError):
-                    w.writer.write(line({"op": "stop"}))
-        for w in self.workers:
-            try:
-                await asyncio.wait_for(asyncio.to_thread(w.proc.wait), STOP_TIMEOUT_S)
-            except TimeoutError:
-                logger.warning("media worker %d did not stop; killing it", w.index)
-                w.proc.kill()
-                await asyncio.to_thread(w.proc.wait)
-            if w.task is not None:
-                w.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await w.task
-            w.writer.close()
+        await asyncio.gather(*(self._end(w) for w in self.workers))
+
+    async def _end(self, w: _Worker) -> None:
+        """Stop worker w's process (its legs are aborted there) and wait for it; kill it past the limit."""
+        if w.alive:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                w.writer.write(line({"op": "stop"}))
+        try:
+            await asyncio.wait_for(asyncio.to_thread(w.proc.wait), STOP_TIMEOUT_S)
+        except TimeoutError:
+            logger.warning("media worker %d did not stop; killing it", w.index)
+            w.proc.kill()
+            await asyncio.to_thread(w.proc.wait)
+        if w.task is not None:
+            w.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await w.task
+        w.writer.close()
+
+    # -- replacing the workers of an engine that failed ------------------------------------------
+
+    def suspend(self, indices: Sequence[int]) -> None:
+        """Workers that take no new legs (their engine is gone); their legs stay theirs until they end."""
+        for i in indices:
+            self.workers[i].accepting = False
+
+    def resume(self, indices: Sequence[int]) -> None:
+        for i in indices:
+            self.workers[i].accepting = True
+
+    async def drained(self, indices: Sequence[int], timeout: float) -> int:
+        """Wait (at most `timeout` s) until the workers hold no legs; how many they still hold."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (left := sum(len(self.workers[i].legs) for i in indices)) and (
+            asyncio.get_running_loop().time() < deadline
+        ):
+            await asyncio.sleep(0.1)
+        return left
+
+    async def replace(self, indices: Sequence[int], ends: Sequence[ChannelEnd]) -> None:
+        """Stop workers `indices` and start fresh ones in their places, each with its port slice and its
+        end of the new engine's channel; they come up suspended. A leg still on an old worker fails
+        (`WorkerGone`): its call already ended with its engine. RuntimeError if one does not start."""
+        old = [self.workers[i] for i in indices]
+        for w in old:
+            w.retired = True
+        await asyncio.gather(*(self._end(w) for w in old))
+        for i, end in zip(indices, ends, strict=True):
+            self.workers[i] = await self._spawn(i, end, accepting=False)
+        for i in indices:
+            await self._until_ready(self.workers[i])
 
     # -- legs ------------------------------------------------------------------------------------
 
@@ -178,9 +225,9 @@ class MediaWorkerPool:
         stream_id: str,
     ) -> int:
         """Give the leg to a worker and open its port there; its port (OpenFailed, WorkerGone)."""
-        live = [w for w in self.workers if w.alive]
+        live = [w for w in self.workers if w.alive and w.accepting]
         if not live:
-            raise WorkerGone("no media worker is running")
+            raise WorkerGone("no media worker is taking calls")
         w = min(live, key=lambda x: len(x.legs))
         w.legs.add(leg)
         self._owner[leg] = w
@@ -298,7 +345,7 @@ class MediaWorkerPool:
                     fut.set_exception(WorkerGone(f"media worker {w.index} died"))
         if w.ready is not None and not w.ready.done():
             w.ready.set_exception(RuntimeError(f"media worker {w.index} exited before it was ready"))
-        if self._stopping:
+        if self._stopping or w.retired:
             return
         code = w.proc.poll()
         logger.error(

@@ -1,7 +1,8 @@
 """The multi-process gateway when a process dies: a media worker killed mid-call ends its calls as
 errors with their finals and call_end while the gateway goes on (other calls continue, new calls are
-taken, SIGTERM still exits 0); the engine process killed ends every call and exits 1 for the
-supervisor."""
+taken, SIGTERM still exits 0); the only engine process killed ends every call and exits 1 for the
+supervisor; one of two engine processes killed ends its workers' calls and is replaced while the
+other engine's calls go on."""
 
 from __future__ import annotations
 
@@ -109,7 +110,9 @@ async def test_a_media_worker_that_dies_ends_its_calls_as_errors_and_the_gateway
     for end in errors:
         events = report.calls[(end["call_id"], "caller")]
         # What the engine had decoded when the worker died still came out as finals.
-        assert any(f["type"] == "final" and f["text"] for f in events), events
+        assert any(f["type"] == "final" and f["text"] for f in events), [
+            (f["type"], f.get("text"), f.get("reason")) for f in events
+        ]
     assert len(ends) == 5 and all(e["reason"] in ("error", "shutdown", "bye") for e in ends), [
         (e["reason"], e.get("asr")) for e in ends
     ]
@@ -179,7 +182,9 @@ async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cl
     assert not report.problems, report.problems
     assert len(report.calls) == 4
     for events in report.calls.values():
-        assert any(f["type"] == "final" and f["text"] for f in events), events
+        assert any(f["type"] == "final" and f["text"] for f in events), [
+            (f["type"], f.get("text"), f.get("reason")) for f in events
+        ]
         assert events[-1]["reason"] == "shutdown", events[-1]
     # Each engine process reports its own steps when it stops: both encoded calls.
     stepped = [line for line in gw.log().splitlines() if "asr_core.engine: encoder: " in line]
@@ -187,3 +192,60 @@ async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cl
     assert record.read_text().splitlines()[1:] == ["client quit", "daemon exits"]
     assert f"CUDA MPS: control daemon {daemon_pid} stopped, status 0" in gw.log()
     assert not Path(pipe).exists()
+
+
+async def test_one_of_two_engines_that_dies_is_replaced_while_the_other_engines_calls_go_on(
+    tiny_bundle: Path, redis_url: str, short_speech: Speech, tmp_path: Path
+) -> None:
+    """TTG_DAEMON__ENGINES=2 with two media workers: worker i feeds engine i. Killing engine 0 ends the
+    calls of worker 0 as errors (BYE, call_end, the text decoded so far kept); worker 1's calls keep
+    transcribing; engine 0 comes back with a fresh worker 0, and a call placed then is transcribed."""
+    env = {"TTG_DAEMON__SHUTDOWN_GRACE_S": "0", "TTG_DAEMON__ENGINES": "2"}
+    gw = Serve(tmp_path / "serve", bundle=tiny_bundle, redis_url=redis_url, mode="media_workers", env=env)
+    try:
+        await asyncio.to_thread(gw.start)
+        engines = {pid: cmd for pid, cmd in _children(gw.pid).items() if "asr_core.host" in cmd}
+        assert len(engines) == 2, gw.log_tail()
+        victim = next(pid for pid, cmd in engines.items() if "--role engine_0" in cmd)
+        callers = _callers(gw, short_speech, tmp_path / "callers", 4)
+        await until(_talking(redis_url, 4), "4 calls transcribing", timeout_s=60, detail=gw.log_tail)
+        os.kill(victim, signal.SIGKILL)
+
+        def replaced() -> bool:
+            return "ASR engine 0 replaced by process" in gw.log()
+
+        await until(replaced, "engine 0 replaced", timeout_s=60, detail=gw.log_tail)
+        ended = [f for _, f in read_stream(redis_url, STREAM) if f["type"] == "call_end"]
+        assert [(f["reason"], f["asr"]) for f in ended] == [("error", "error")] * 2, ended
+        assert gw.running
+        status, body = gw.readyz()
+        assert status == 200, body
+        assert gw.metric("ttg_engine_failures_total") == 1
+        assert gw.metric("ttg_engines_up") == 2
+        assert gw.metric("ttg_media_worker_deaths_total") == 0  # worker 0 was replaced, not lost
+        after = {pid: cmd for pid, cmd in _children(gw.pid).items() if "asr_core.host" in cmd}
+        assert len(after) == 2 and victim not in after, after
+
+        # Worker 1's two calls are still talking; a new call goes to the fresh worker 0 (it holds no
+        # legs) and its engine transcribes it.
+        newcomer = await asyncio.to_thread(
+            sipp_calls, gw.sip_port, SIPP_DATA / "uac_stream.xml", tmp_path / "newcomer",
+            speech=short_speech, hold_ms=short_speech.ms + 1500, timeout_s=60,
+        )  # fmt: skip
+        assert newcomer.stats.get("SuccessfulCall(C)") == 1, newcomer.stderr + newcomer.errors
+        gw.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
+        await callers
+    finally:
+        gw.stop(timeout_s=20.0)
+    entries = read_stream(redis_url, STREAM)
+    report = audit(entries, ended=[f["call_id"] for _, f in entries if f["type"] == "call_start"])
+    assert not report.problems, report.problems
+    assert len(report.calls) == 5
+    ends = sorted((events[-1]["reason"], events[-1]["asr"]) for events in report.calls.values())
+    assert ends.count(("error", "error")) == 2, ends
+    assert all(reason in ("shutdown", "bye") for reason, _ in ends if reason != "error"), ends
+    for events in report.calls.values():
+        # Every call has text; the two that lost their engine keep what it had sent before it went.
+        kinds = ("partial", "final") if events[-1]["reason"] == "error" else ("final",)
+        assert any(f["type"] in kinds and f["text"] for f in events), events

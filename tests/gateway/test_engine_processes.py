@@ -1,5 +1,5 @@
 """Several engine processes behind one gateway (TTG_DAEMON__ENGINES): which worker feeds which engine,
-and how their STATUS records read as one for admission and /readyz."""
+and how their STATUS records read as one for admission and /readyz (a failed engine's no longer)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ def test_the_engines_status_is_the_worst_lag_and_the_summed_counts() -> None:
     }
     legs.on_results([Status({**one, "lag_s": 0.1})], engine=1)  # the latest record of each engine counts
     assert legs.status["lag_s"] == 0.2
+    legs.on_results([Status({**one, "lag_s": 9.0})], engine=1)
+    legs.engine_died("gone", engine=1, workers=[1])  # a dead engine's last lag does not hold admission
+    assert legs.status == one
 
 
 def test_admission_stays_below_what_the_engines_device_pools_hold() -> None:
