@@ -56,7 +56,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from asr_core.api import StreamEnded, StreamOptions
+from asr_core.api import StreamEnded, StreamOptions, TranscriptEvent
 from gateway.addresses import advertised_address
 from gateway.call.contract import (
     Acked,
@@ -315,6 +315,7 @@ class Leg:
     asr_failure: str = ""  # "timeout" when the stream did not end in time
     refused_error: str = ""  # why the stream refused audio (the engine's error, kept for call_end)
     retired: bool = False  # a re-offer dropped its stream: it ended while the call goes on
+    open_partial: TranscriptEvent | None = None  # the newest partial of a segment with no final yet
 
 
 def assign_legs(
@@ -510,18 +511,19 @@ class CallCore:
                 leg.refused_error = leg.refused_error or error
                 return Input.ERROR
             case Transcript(event=ev):
-                if self._publishing:
-                    lang = ev.detected_language or leg.language
-                    extra = {"words": words_json(ev.words)} if ev.words else {}
-                    self._publish(
-                        ev.kind, leg, segment_id=ev.segment_id, text=ev.text, start_ms=ev.start_ms,
-                        end_ms=ev.end_ms, lang=lang, extra=extra,
-                    )  # fmt: skip
+                leg.open_partial = ev if ev.kind == "partial" else None
+                self._publish_transcript(leg, ev)
                 return None
             case AsrEnded(event=ended):
                 leg.stream_end, leg.asr = ended, AsrPhase.ENDED
                 if ended.reason == "error":
                     self.log.warning("ASR stream of leg %s failed: %s", leg.name, ended.error)
+                    if leg.open_partial is not None:
+                        # The engine went before it closed the segment: its newest partial becomes the
+                        # final, marked, so that a consumer of finals still gets the words heard.
+                        final = replace(leg.open_partial, kind="final")
+                        self._publish_transcript(leg, final, {"unconfirmed": "1"})
+                leg.open_partial = None
                 if self.over:
                     return self._legs_done()
                 if leg.retired:
@@ -841,6 +843,16 @@ class CallCore:
         return out
 
     # --- events ---
+
+    def _publish_transcript(self, leg: Leg, ev: TranscriptEvent, extra: dict[str, str] | None = None) -> None:
+        if not self._publishing:
+            return
+        lang = ev.detected_language or leg.language
+        fields = {**({"words": words_json(ev.words)} if ev.words else {}), **(extra or {})}
+        self._publish(
+            ev.kind, leg, segment_id=ev.segment_id, text=ev.text, start_ms=ev.start_ms,
+            end_ms=ev.end_ms, lang=lang, extra=fields,
+        )  # fmt: skip
 
     def _publish(self, type: EventType, leg: Leg, **fields: Any) -> None:
         fields.setdefault("lang", leg.language)

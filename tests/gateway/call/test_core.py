@@ -426,6 +426,27 @@ def test_the_streams_own_error_is_what_call_end_says_when_it_has_one() -> None:
     assert d.published[-1].extra["asr_error"] == "encoder thread died"
 
 
+def test_a_segment_the_failed_engine_left_open_gets_its_newest_partial_as_an_unconfirmed_final() -> None:
+    d = Driver.new()
+    d.run([*SETUP, (FINAL, ["Publish final"])])
+    d.feed(Transcript("caller", TranscriptEvent(CALL, "partial", 1, "good", 640, 960)))
+    d.feed(Transcript("caller", TranscriptEvent(CALL, "partial", 1, "good bye", 640, 1280)))
+    d.run([(ENGINE_FAILED, ["Publish final", "Hangup error", "CloseMedia caller"])])
+    assert [(e.type, e.segment_id, e.text, e.extra.get("unconfirmed")) for e in d.published[1:]] == [
+        ("final", 0, "hello", None),  # the engine's own
+        ("partial", 1, "good", None),
+        ("partial", 1, "good bye", None),
+        ("final", 1, "good bye", "1"),  # the newest partial, as the segment's final
+    ]
+    assert (d.published[-1].start_ms, d.published[-1].end_ms) == (640, 1280)
+
+
+def test_a_failed_engine_that_had_closed_every_segment_adds_no_final() -> None:
+    d = Driver.new()
+    d.run([*SETUP, (PARTIAL, ["Publish partial"]), (FINAL, ["Publish final"])])
+    d.run([(ENGINE_FAILED, ["Hangup error", "CloseMedia caller"])])
+
+
 def test_an_unknown_language_falls_back_to_the_default_and_then_is_refused() -> None:
     d = Driver.new(default_language="en-US")
     d.run(
