@@ -47,6 +47,14 @@ def _callers(gw: Serve, speech: Speech, workdir: Path, n: int) -> asyncio.Task[A
     )  # fmt: skip
 
 
+def _audited(redis_url: str) -> dict[tuple[str, str], list[dict[str, str]]]:
+    """Every call of the stream, by (call_id, leg): each is call_start ... call_end with gapless seq."""
+    entries = read_stream(redis_url, STREAM)
+    report = audit(entries, ended=[f["call_id"] for _, f in entries if f["type"] == "call_start"])
+    assert not report.problems, report.problems
+    return report.calls
+
+
 def _talking(redis_url: str, n: int) -> Callable[[], bool]:
     def check() -> bool:
         entries = read_stream(redis_url, STREAM)
@@ -100,19 +108,14 @@ async def test_a_media_worker_that_dies_ends_its_calls_as_errors_and_the_gateway
     assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
     await callers
 
-    entries = read_stream(redis_url, STREAM)
-    starts = [f["call_id"] for _, f in entries if f["type"] == "call_start"]
-    report = audit(entries, ended=starts)
-    assert not report.problems, report.problems  # every call: call_start ... call_end, seq gapless
-    ends = [events[-1] for events in report.calls.values()]
+    calls = _audited(redis_url)
+    ends = [events[-1] for events in calls.values()]
     errors = [e for e in ends if e["reason"] == "error"]
     assert len(errors) == 2, ends
     for end in errors:
-        events = report.calls[(end["call_id"], "caller")]
+        events = calls[(end["call_id"], "caller")]
         # What the engine had decoded when the worker died still came out as finals.
-        assert any(f["type"] == "final" and f["text"] for f in events), [
-            (f["type"], f.get("text"), f.get("reason")) for f in events
-        ]
+        assert any(f["type"] == "final" and f["text"] for f in events), events
     assert len(ends) == 5 and all(e["reason"] in ("error", "shutdown", "bye") for e in ends), [
         (e["reason"], e.get("asr")) for e in ends
     ]
@@ -131,10 +134,8 @@ async def test_the_engine_process_dying_ends_every_call_and_exits_1(
     assert await asyncio.to_thread(gw.wait, 60) == 1, gw.log_tail()
     result = await callers
     assert result.stats.get("SuccessfulCall(C)") == 2, result.stderr + result.errors  # both got a BYE
-    entries = read_stream(redis_url, STREAM)
-    report = audit(entries, ended=[f["call_id"] for _, f in entries if f["type"] == "call_start"])
-    assert not report.problems, report.problems
-    for events in report.calls.values():
+    calls = _audited(redis_url)
+    for events in calls.values():
         assert (events[-1]["reason"], events[-1]["asr"]) == ("error", "error"), events[-1]
         # Each call was talking: what the engine had decoded is there as finals.
         assert any(f["type"] == "final" and f["text"] for f in events), events
@@ -179,14 +180,10 @@ async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cl
         await callers
     finally:
         gw.stop(timeout_s=20.0)
-    entries = read_stream(redis_url, STREAM)
-    report = audit(entries, ended=[f["call_id"] for _, f in entries if f["type"] == "call_start"])
-    assert not report.problems, report.problems
-    assert len(report.calls) == 4
-    for events in report.calls.values():
-        assert any(f["type"] == "final" and f["text"] for f in events), [
-            (f["type"], f.get("text"), f.get("reason")) for f in events
-        ]
+    calls = _audited(redis_url)
+    assert len(calls) == 4
+    for events in calls.values():
+        assert any(f["type"] == "final" and f["text"] for f in events), events
         assert events[-1]["reason"] == "shutdown", events[-1]
     # Each engine process reports its own steps when it stops: both encoded calls.
     stepped = [line for line in gw.log().splitlines() if "asr_core.engine: encoder: " in line]
@@ -240,14 +237,12 @@ async def test_one_of_two_engines_that_dies_is_replaced_while_the_other_engines_
         await callers
     finally:
         gw.stop(timeout_s=20.0)
-    entries = read_stream(redis_url, STREAM)
-    report = audit(entries, ended=[f["call_id"] for _, f in entries if f["type"] == "call_start"])
-    assert not report.problems, report.problems
-    assert len(report.calls) == 5
-    ends = sorted((events[-1]["reason"], events[-1]["asr"]) for events in report.calls.values())
+    calls = _audited(redis_url)
+    assert len(calls) == 5
+    ends = sorted((events[-1]["reason"], events[-1]["asr"]) for events in calls.values())
     assert ends.count(("error", "error")) == 2, ends
     assert all(reason in ("shutdown", "bye") for reason, _ in ends if reason != "error"), ends
-    for events in report.calls.values():
+    for events in calls.values():
         # Every call has a final with text; the two that lost their engine keep what it had decoded
         # (a segment it left open closes with its newest partial, marked unconfirmed).
         assert any(f["type"] == "final" and f["text"] for f in events), events
