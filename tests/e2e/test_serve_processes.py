@@ -47,6 +47,20 @@ def _callers(gw: Serve, speech: Speech, workdir: Path, n: int) -> asyncio.Task[A
     )  # fmt: skip
 
 
+async def _one_more_call_then_sigterm(
+    gw: Serve, speech: Speech, workdir: Path, callers: asyncio.Task[Any]
+) -> None:
+    """A new call is taken and transcribed to its end; then SIGTERM drains the rest and exits 0."""
+    newcomer = await asyncio.to_thread(
+        sipp_calls, gw.sip_port, SIPP_DATA / "uac_stream.xml", workdir,
+        speech=speech, hold_ms=speech.ms + 1500, timeout_s=60,
+    )  # fmt: skip
+    assert newcomer.stats.get("SuccessfulCall(C)") == 1, newcomer.stderr + newcomer.errors
+    gw.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
+    await callers
+
+
 def _audited(redis_url: str) -> dict[tuple[str, str], list[dict[str, str]]]:
     """Every call of the stream, by (call_id, leg): each is call_start ... call_end with gapless seq."""
     entries = read_stream(redis_url, STREAM)
@@ -98,15 +112,7 @@ async def test_a_media_worker_that_dies_ends_its_calls_as_errors_and_the_gateway
     # The survivors keep transcribing, and a new call goes to the living worker.
     before = len(read_stream(redis_url, STREAM))
     await until(lambda: len(read_stream(redis_url, STREAM)) > before + 2, "more transcripts", timeout_s=30)
-    newcomer = await asyncio.to_thread(
-        sipp_calls, gw.sip_port, SIPP_DATA / "uac_stream.xml", tmp_path / "newcomer",
-        speech=short_speech, hold_ms=short_speech.ms + 1500, timeout_s=60,
-    )  # fmt: skip
-    assert newcomer.stats.get("SuccessfulCall(C)") == 1, newcomer.stderr + newcomer.errors
-
-    gw.signal(signal.SIGTERM)
-    assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
-    await callers
+    await _one_more_call_then_sigterm(gw, short_speech, tmp_path / "newcomer", callers)
 
     calls = _audited(redis_url)
     ends = [events[-1] for events in calls.values()]
@@ -227,14 +233,7 @@ async def test_one_of_two_engines_that_dies_is_replaced_while_the_other_engines_
 
         # Worker 1's two calls are still talking; a new call goes to the fresh worker 0 (it holds no
         # legs) and its engine transcribes it.
-        newcomer = await asyncio.to_thread(
-            sipp_calls, gw.sip_port, SIPP_DATA / "uac_stream.xml", tmp_path / "newcomer",
-            speech=short_speech, hold_ms=short_speech.ms + 1500, timeout_s=60,
-        )  # fmt: skip
-        assert newcomer.stats.get("SuccessfulCall(C)") == 1, newcomer.stderr + newcomer.errors
-        gw.signal(signal.SIGTERM)
-        assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
-        await callers
+        await _one_more_call_then_sigterm(gw, short_speech, tmp_path / "newcomer", callers)
     finally:
         gw.stop(timeout_s=20.0)
     calls = _audited(redis_url)
