@@ -13,6 +13,8 @@ reaches EOF) has its streams closed: the text decoded so far still comes out as 
 the model, starts the engine, says `ready` on its control socket (JSON lines) with the front-end spec,
 serves until `shutdown` (or until its parent closes the control socket), then drains, releases MLX
 and exits 0. An engine failure is reported (`fatal`) and the process exits 1 once told to stop.
+`add_input` on the control socket, with the channel's two fds attached (SCM_RIGHTS), adds a front-end
+channel while it runs: the one of a media worker that replaces a dead one.
 """
 
 from __future__ import annotations
@@ -150,6 +152,8 @@ class EngineHost:
         self._finished: list[set[int]] = [set() for _ in inputs]  # no more input expected
         self._gone = [False] * len(inputs)
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the per-input lists: grown by the receiver, read by `emit`
+        self._added: list[ChannelReader] = []  # inputs for the receiver to take on
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._receive, name="asr-receiver", daemon=True)
         self.records = 0
@@ -165,6 +169,13 @@ class EngineHost:
             self._wake_w.send(b"x")
         self._thread.join(10)
 
+    def add_input(self, reader: ChannelReader) -> None:
+        """Another front end's channel (from any thread): the receiver reads it from its next turn."""
+        with self._lock:
+            self._added.append(reader)
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"+")
+
     def status(self) -> dict[str, Any]:
         s: dict[str, Any] = dict(self.engine.status())
         s["front_ends_gone"] = sum(self._gone)
@@ -174,9 +185,10 @@ class EngineHost:
         kind, parts = encode_event(key, ev)
         self.out.write(kind, parts)
         if isinstance(ev, StreamEnded):
-            for streams, finished in zip(self._streams, self._finished, strict=True):
-                streams.pop(key, None)
-                finished.discard(key)
+            with self._lock:
+                for streams, finished in zip(self._streams, self._finished, strict=True):
+                    streams.pop(key, None)
+                    finished.discard(key)
 
     # -- the receiver thread ---------------------------------------------------------------------
 
@@ -190,6 +202,7 @@ class EngineHost:
                 for sk, _ in sel.select(1.0):
                     i = sk.data
                     if i < 0:
+                        self._take_added(sel)
                         continue
                     r = self.inputs[i]
                     try:
@@ -207,6 +220,20 @@ class EngineHost:
             logger.exception("engine receiver failed")
         finally:
             sel.close()
+
+    def _take_added(self, sel: selectors.BaseSelector) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_r.recv(4096)
+        with self._lock:
+            added, self._added = self._added, []
+            for r in added:
+                i = len(self.inputs)
+                sel.register(r.fileno(), selectors.EVENT_READ, i)
+                self.inputs.append(r)
+                self._streams.append({})
+                self._finished.append(set())
+                self._gone.append(False)
+                logger.info("front end %d added", i)
 
     def _front_end_gone(self, i: int, sel: selectors.BaseSelector) -> None:
         self._gone[i] = True
@@ -312,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     spec = model.frontend_spec(vad=config.vad if config.vad.enabled else None)
     _send(control, {"ready": spec.to_json(), "info": info})
-    shutdown = _wait_for_shutdown(control)
+    shutdown = _serve_control(control, host)
     host.stop()
     engine.shutdown(drain=bool(shutdown.get("drain", True)), timeout=float(shutdown.get("timeout", 10.0)))
     out.stop()
@@ -326,23 +353,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if fatal.is_set() else 0
 
 
-def _wait_for_shutdown(control: socket.socket) -> dict[str, Any]:
-    """Block until the parent says `shutdown` (or goes away: then no drain)."""
+def _serve_control(control: socket.socket, host: EngineHost) -> dict[str, Any]:
+    """Serve the parent's requests until it says `shutdown` (or goes away: then no drain)."""
     buf = b""
+    fds: list[int] = []  # received with `add_input` lines, two per line, in order
     while True:
         try:
-            data = control.recv(4096)
+            data, received, _, _ = socket.recv_fds(control, 4096, 16)
         except OSError:
-            data = b""
+            data, received = b"", []
+        fds += received
         if not data:
+            for fd in fds:
+                os.close(fd)
             return {"drain": False, "timeout": 2.0}
         buf += data
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
-            with contextlib.suppress(ValueError):
+            try:
                 msg = json.loads(line)
-                if "shutdown" in msg:
-                    return dict(msg["shutdown"])
+            except ValueError:
+                continue
+            if "shutdown" in msg:
+                return dict(msg["shutdown"])
+            if "add_input" in msg and len(fds) >= 2:
+                memory_fd, socket_fd = fds.pop(0), fds.pop(0)
+                end = ChannelEnd(memory_fd, int(msg["add_input"]["size"]), socket_fd)
+                host.add_input(ChannelReader.open(end))
 
 
 if __name__ == "__main__":

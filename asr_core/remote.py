@@ -209,6 +209,21 @@ class EngineProcess:
     def front_end_ends(self) -> list[ChannelEnd]:
         return list(self._front_end_ends)
 
+    def add_front_end(self) -> ChannelEnd:
+        """A new chunk channel into the running engine (for a front-end process that replaces a dead
+        one): the engine's end goes over the control socket (SCM_RIGHTS); the returned end is for the
+        new front end, and this process's copies close at `handed_over`. OSError if the engine is gone."""
+        assert self._control is not None
+        w, r, mem, socks = channel_pair(self._chunk_bytes)
+        self._keep += [mem, *socks]
+        line = (json.dumps({"add_input": {"size": r.size}}) + "\n").encode()
+        self._control.setblocking(True)
+        try:
+            socket.send_fds(self._control, [line], list(r.fds()))
+        finally:
+            self._control.setblocking(False)
+        return w
+
     def handed_over(self) -> None:
         """The front-end processes hold their ends now: close this process's copies (so that a
         front end that dies is seen as EOF by the engine)."""

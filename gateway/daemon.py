@@ -70,6 +70,10 @@ ENGINE_START_TIMEOUT_S = 900.0  # a GPU's first start compiles its kernels (minu
 # An engine process that fails while others run is replaced: first the calls on its media workers end
 # (they lost their ASR streams; each gets its BYE and call_end), for at most this long.
 ENGINE_REPLACE_DRAIN_S = 10.0
+# A process that keeps failing (a fault its input or the device brings back at once) is not replaced
+# without end: at most this many replacements of one engine or media worker within the window.
+REPLACEMENTS_PER_WINDOW = 3
+REPLACEMENT_WINDOW_S = 600.0
 STATUS_PERIOD_S = 0.25  # how often the engine's lag is looked at (admission, /readyz, metrics)
 
 
@@ -490,6 +494,7 @@ class Daemon:
         self.new_engine = new_engine  # engine process k, not started: replaces one that failed
         self._engines_down: set[int] = set()  # failed, being replaced
         self._replacing: set[asyncio.Task[None]] = set()  # `_replace_engine` at work
+        self._budget = RestartBudget()
         self.pool: Any = None
         self.legs: Any = None
         self.choice = choice
@@ -750,7 +755,7 @@ class Daemon:
         error = engine.failure or "the engine process is gone"
         others_up = len(self.engine_processes) - len(self._engines_down | {i})
         if self.new_engine is not None and others_up > 0 and not self._stop.is_set():
-            self._engine_down(i, error)
+            self._engine_down(i, error, replace=self._budget.allow(("engine", i), time.monotonic()))
             return
         if not alive:
             self.legs.engine_died(error)
@@ -760,23 +765,27 @@ class Daemon:
         """The media workers that feed engine i (worker w feeds engine w mod N)."""
         return list(range(i, self.pool.n, len(self.engine_processes)))
 
-    def _engine_down(self, i: int, error: str) -> None:
+    def _engine_down(self, i: int, error: str, *, replace: bool) -> None:
         """Engine i failed while others run: its workers take no new calls, the calls on them end as
-        errors (the text decoded so far is already out), and a replacement starts."""
+        errors (the text decoded so far is already out), and a replacement starts unless this engine
+        used up its replacements (`RestartBudget`): then the others go on without it."""
         from gateway import metrics
 
         workers = self._workers_of(i)
         self._engines_down.add(i)
         metrics.ENGINES_UP.set(len(self.engine_processes) - len(self._engines_down))
         self.pool.suspend(workers)
+        up = len(self.engine_processes) - len(self._engines_down)
+        budget = f"it failed {REPLACEMENTS_PER_WINDOW} times within {REPLACEMENT_WINDOW_S:.0f} s"
         logger.critical(
             "ASR engine %d (process %s) failed (%s): the calls of media workers %s end as errors, "
-            "the other %d engine%s go on; replacing it",
-            i, self.engine_processes[i].pid, error, ",".join(map(str, workers)),
-            len(self.engine_processes) - len(self._engines_down),
-            "s" if len(self.engine_processes) - len(self._engines_down) != 1 else "",
+            "the other %d engine%s go on; %s",
+            i, self.engine_processes[i].pid, error, ",".join(map(str, workers)), up, "s" if up != 1 else "",
+            "replacing it" if replace else f"not replacing it: {budget}",
         )  # fmt: skip
         self.legs.engine_died(error, engine=i, workers=workers)
+        if not replace:
+            return
         task = asyncio.get_running_loop().create_task(self._replace_engine(i, workers))
         self._replacing.add(task)
         task.add_done_callback(self._replacing.discard)
@@ -840,8 +849,9 @@ class Daemon:
         )  # fmt: skip
 
     def _worker_died(self, index: int, legs: list[str]) -> None:
-        """A media worker is gone: its calls end as errors (WorkerLegs); the others go on. With none
-        left no call can be taken: exit non-zero so that the supervisor starts a fresh gateway."""
+        """A media worker is gone: its calls end as errors (WorkerLegs); the others go on, and a fresh
+        worker takes its place with a new channel into its engine. With none left no call can be taken:
+        exit non-zero so that the supervisor starts a fresh gateway."""
         from gateway import metrics
 
         metrics.MEDIA_WORKERS.set(self.pool.alive)
@@ -851,6 +861,38 @@ class Daemon:
             self.exit_code = EXIT_FAILURE
             self._hurry = True
             self._stop.set()
+            return
+        engine = index % len(self.engine_processes)
+        if self._stop.is_set() or engine in self._engines_down:
+            return  # an engine being replaced brings its workers back with it
+        if not self._budget.allow(("worker", index), time.monotonic()):
+            logger.critical(
+                "media worker %d died %d times within %.0f s: not replacing it; the others go on",
+                index, REPLACEMENTS_PER_WINDOW, REPLACEMENT_WINDOW_S,
+            )  # fmt: skip
+            return
+        task = asyncio.get_running_loop().create_task(self._replace_worker(index, engine))
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
+
+    async def _replace_worker(self, index: int, k: int) -> None:
+        """Media worker `index` anew, with a new chunk channel into its running engine k."""
+        from gateway import metrics
+
+        engine = self.engine_processes[k]
+        t0 = time.monotonic()
+        try:
+            end = engine.add_front_end()
+            await self.pool.replace([index], [end])
+        except (OSError, RuntimeError) as e:
+            logger.error("media worker %d could not be replaced: %s", index, e)
+            return
+        finally:
+            engine.handed_over()
+        self.pool.resume([index])
+        metrics.MEDIA_WORKERS.set(self.pool.alive)
+        logger.info("media worker %d replaced by process %s in %.1f s", index,
+                    self.pool.workers[index].proc.pid, time.monotonic() - t0)  # fmt: skip
 
     async def _watch_engine(self) -> None:
         """The engine's lag -> admission (503 while far behind), /readyz and the metrics."""
@@ -983,6 +1025,24 @@ class Daemon:
             if code != 0 and not self.readiness.engine_failed and k not in self._engines_down:
                 logger.error("the engine process %s exited with status %d", engine.pid, code)
                 self.exit_code = EXIT_FAILURE
+
+
+class RestartBudget:
+    """How many times a process may be replaced: `limit` within any `window_s` (pure; `now` given)."""
+
+    def __init__(self, limit: int = REPLACEMENTS_PER_WINDOW, window_s: float = REPLACEMENT_WINDOW_S) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._times: dict[object, list[float]] = {}
+
+    def allow(self, who: object, now: float) -> bool:
+        """Whether `who` may be replaced now; a yes counts."""
+        recent = [t for t in self._times.get(who, []) if now - t < self.window_s]
+        if len(recent) >= self.limit:
+            self._times[who] = recent
+            return False
+        self._times[who] = [*recent, now]
+        return True
 
 
 def admission_limit(engine_limits: Sequence[int | None], workers: int) -> int | None:

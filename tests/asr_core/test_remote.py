@@ -136,6 +136,28 @@ def test_a_front_end_that_dies_has_its_streams_closed_with_what_was_decoded(engi
     assert engine.shutdown(drain=True, timeout=10) == 0
 
 
+def test_a_front_end_added_to_the_running_engine_takes_the_place_of_a_dead_one(engine_process: Any) -> None:
+    engine, spec_file = engine_process
+    doomed = _start_feeder(engine, 0, spec_file, calls=1, first_key=0, die_after=1.0)
+    engine.handed_over()
+    assert doomed.wait(30) == 3
+    newcomer = engine.add_front_end()  # its engine end goes over the control socket
+    feeder = subprocess.Popen(
+        [
+            sys.executable, "-m", "tools.bench.feeder", "--channel", newcomer.encode(), "--spec",
+            str(spec_file), "--calls", "1", "--seconds", str(SECONDS), "--first-key", "200", "--seed", "200",
+            "--fast",
+        ],
+        pass_fds=newcomer.fds(),
+    )  # fmt: skip
+    engine.handed_over()
+    events, _ = _collect(engine, want_ends=2)
+    assert feeder.wait(30) == 0
+    assert events[0][-1].reason == "closed"
+    assert events[200][-1].reason == "finished" and _text(events[200])
+    assert engine.shutdown(drain=True, timeout=10) == 0
+
+
 def test_an_unknown_language_ends_the_stream_with_an_error(engine_process: Any) -> None:
     engine, _spec_file = engine_process
     end = engine.front_end_ends()[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from asr_core.wire import Status
-from gateway.daemon import admission_limit, engine_front_ends, worker_chunk_ends
+from gateway.daemon import RestartBudget, admission_limit, engine_front_ends, worker_chunk_ends
 from gateway.workers.legs import WorkerLegs
 
 
@@ -48,3 +48,12 @@ def test_admission_stays_below_what_the_engines_device_pools_hold() -> None:
     assert admission_limit([780], 0) == 780  # one process
     assert admission_limit([780, 780], 8) == 1552  # two engines behind 8 workers: a leg of slack each
     assert admission_limit([780, None], 8) is None
+
+
+def test_a_process_is_replaced_at_most_limit_times_within_the_window() -> None:
+    budget = RestartBudget(limit=3, window_s=600.0)
+    assert [budget.allow(("worker", 0), t) for t in (0.0, 10.0, 20.0, 30.0)] == [True, True, True, False]
+    assert budget.allow(("worker", 1), 30.0)  # each process has its own
+    assert not budget.allow(("worker", 0), 599.0)  # the first replacement still counts
+    assert budget.allow(("worker", 0), 600.0)  # 600 s after it, one is free again
+    assert not budget.allow(("worker", 0), 601.0)
