@@ -213,7 +213,8 @@ class EngineProcess:
         """A new chunk channel into the running engine (for a front-end process that replaces a dead
         one): the engine's end goes over the control socket (SCM_RIGHTS); the returned end is for the
         new front end, and this process's copies close at `handed_over`. OSError if the engine is gone."""
-        assert self._control is not None
+        if self._control is None:
+            raise OSError("the engine process's control socket is closed")
         w, r, mem, socks = channel_pair(self._chunk_bytes)
         self._keep += [mem, *socks]
         line = (json.dumps({"add_input": {"size": r.size}}) + "\n").encode()
