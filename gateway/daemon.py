@@ -470,8 +470,9 @@ class Daemon:
     that receive RTP and run the ASR front end (worker i feeds engine i mod N), `WorkerLegs` carries the
     call core's leg effects to them and the engines' results back; this process keeps SIP, the
     per-call cores, Redis and HTTP. An engine process that fails while others run is replaced with its
-    media workers (`new_engine(k)` makes engine k; its calls end as errors, the others go on); the
-    only engine, or the last one up, failing stops the gateway (exit status 1).
+    media workers (`new_engine(k)` makes engine k; its calls end as errors, the others go on), and a
+    media worker that dies by a fresh one on a new channel into its engine; the only engine, or the
+    last one up, failing stops the gateway (exit status 1).
 
     `engine_factory(model, on_fatal)` builds the (not yet started) engine; tests pass one that wraps
     the real engine's model to inject a failure. `install_signals=False` when the caller owns them.
