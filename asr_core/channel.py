@@ -232,25 +232,27 @@ class _Link:
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self.sock = sock
-        self.closed = False
+        self.closed = False  # the peer is gone: seen at EOF, or when a send to it failed
+        self._eof = False  # everything the peer sent has been read
         self._partial = b""
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
     def receive(self) -> int | None:
-        """The newest position waiting on the socket (None: nothing new); sets `closed` at EOF."""
+        """The newest position waiting on the socket (None: nothing new); sets `closed` at EOF. A
+        peer found gone by a failed send may still have sent positions before it went: they are read."""
         newest = None
-        while not self.closed:
+        while not self._eof:
             try:
                 data = self.sock.recv(65536)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
-                self.closed = True
+                self.closed = self._eof = True
                 break
             if not data:
-                self.closed = True
+                self.closed = self._eof = True
                 break
             data = self._partial + data
             whole = len(data) - len(data) % _POS.size
@@ -282,7 +284,7 @@ class _Link:
         return True
 
     def close(self) -> None:
-        self.closed = True
+        self.closed = self._eof = True
         with contextlib.suppress(OSError):
             self.sock.close()
 

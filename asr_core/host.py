@@ -215,6 +215,15 @@ class EngineHost:
                         continue
                     r.release()
                     if r.closed and not self._gone[i]:
+                        # Found gone, maybe by the position just sent back: what it published before
+                        # it went may still wait on the socket. Read it, then close what is left.
+                        try:
+                            for kind, view in r.poll():
+                                self.records += 1
+                                self._apply(i, decode_input(kind, view))
+                            r.release()
+                        except WireError as e:
+                            logger.error("front end %d sent a bad record (%s)", i, e)
                         self._front_end_gone(i, sel)
         except Exception:
             logger.exception("engine receiver failed")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import select
 import subprocess
@@ -201,3 +202,19 @@ def test_a_writer_whose_reader_is_gone_reports_it_on_flush() -> None:
     assert not ok
     assert w.closed
     w.close()
+
+
+def test_a_reader_that_finds_the_writer_gone_by_a_failed_send_still_reads_what_it_published() -> None:
+    _, _, memory, (a, b) = channel_pair(4096)
+    w = ChannelWriter(memory, a)
+    r = ChannelReader(SharedMemory.attach(os.dup(memory.fd), 4096), b)
+    w.write(1, b"first")
+    w.flush()
+    assert [bytes(v) for _, v in r.poll()] == [b"first"]
+    w.write(1, b"last")
+    w.flush()
+    w.close()  # gone, with the position of "last" still on the reader's socket
+    r.release()  # sends the reader's position to a closed peer: it learns the writer is gone
+    assert r.closed
+    assert [bytes(v) for _, v in r.poll()] == [b"last"]
+    r.close()
