@@ -204,31 +204,32 @@ class EngineHost:
                     if i < 0:
                         self._take_added(sel)
                         continue
-                    r = self.inputs[i]
-                    try:
-                        for kind, view in r.poll():
-                            self.records += 1
-                            self._apply(i, decode_input(kind, view))
-                    except WireError as e:
-                        logger.error("front end %d sent a bad record (%s); dropping its streams", i, e)
-                        self._front_end_gone(i, sel)
+                    if not self._take_records(i, sel):
                         continue
-                    r.release()
-                    if r.closed and not self._gone[i]:
-                        # Found gone, maybe by the position just sent back: what it published before
-                        # it went may still wait on the socket. Read it, then close what is left.
-                        try:
-                            for kind, view in r.poll():
-                                self.records += 1
-                                self._apply(i, decode_input(kind, view))
-                            r.release()
-                        except WireError as e:
-                            logger.error("front end %d sent a bad record (%s)", i, e)
+                    # Found gone, maybe by the position just sent back: what it published before it
+                    # went may still wait on the socket. Read it, then close what is left.
+                    gone = self.inputs[i].closed and not self._gone[i]
+                    if gone and self._take_records(i, sel):
                         self._front_end_gone(i, sel)
         except Exception:
             logger.exception("engine receiver failed")
         finally:
             sel.close()
+
+    def _take_records(self, i: int, sel: selectors.BaseSelector) -> bool:
+        """Apply what front end i published since the last call; False if it sent a bad record (its
+        streams are dropped then)."""
+        r = self.inputs[i]
+        try:
+            for kind, view in r.poll():
+                self.records += 1
+                self._apply(i, decode_input(kind, view))
+        except WireError as e:
+            logger.error("front end %d sent a bad record (%s); dropping its streams", i, e)
+            self._front_end_gone(i, sel)
+            return False
+        r.release()
+        return True
 
     def _take_added(self, sel: selectors.BaseSelector) -> None:
         with contextlib.suppress(OSError):

@@ -38,7 +38,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -644,9 +644,7 @@ class Daemon:
         self.readiness.details["engine_lag_s"] = lambda: round(self.overload.lag_s, 3)
         if self.pool is not None:
             self.readiness.details["media_workers"] = lambda: self.pool.alive
-            self.readiness.details["engines_up"] = lambda: (
-                len(self.engine_processes) - len(self._engines_down)
-            )
+            self.readiness.details["engines_up"] = lambda: self._engines_up
         self.readiness.model_loaded = True
         self._tasks.add(asyncio.create_task(self._watch_engine()))
         logger.info(
@@ -762,6 +760,16 @@ class Daemon:
             self.legs.engine_died(error)
         self._engine_failed(RuntimeError(error))
 
+    @property
+    def _engines_up(self) -> int:
+        return len(self.engine_processes) - len(self._engines_down)
+
+    def _start_replacement(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a replacement (of an engine or a media worker); shutdown cancels and awaits it."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
+
     def _workers_of(self, i: int) -> list[int]:
         """The media workers that feed engine i (worker w feeds engine w mod N)."""
         return list(range(i, self.pool.n, len(self.engine_processes)))
@@ -774,9 +782,9 @@ class Daemon:
 
         workers = self._workers_of(i)
         self._engines_down.add(i)
-        metrics.ENGINES_UP.set(len(self.engine_processes) - len(self._engines_down))
+        up = self._engines_up
+        metrics.ENGINES_UP.set(up)
         self.pool.suspend(workers)
-        up = len(self.engine_processes) - len(self._engines_down)
         budget = f"it failed {REPLACEMENTS_PER_WINDOW} times within {REPLACEMENT_WINDOW_S:.0f} s"
         logger.critical(
             "ASR engine %d (process %s) failed (%s): the calls of media workers %s end as errors, "
@@ -785,11 +793,8 @@ class Daemon:
             "replacing it" if replace else f"not replacing it: {budget}",
         )  # fmt: skip
         self.legs.engine_died(error, engine=i, workers=workers)
-        if not replace:
-            return
-        task = asyncio.get_running_loop().create_task(self._replace_engine(i, workers))
-        self._replacing.add(task)
-        task.add_done_callback(self._replacing.discard)
+        if replace:
+            self._start_replacement(self._replace_engine(i, workers))
 
     async def _replace_engine(self, i: int, workers: list[int]) -> None:
         """Engine i and its media workers, anew: the failed process goes, a new one loads the model
@@ -813,25 +818,21 @@ class Daemon:
         assert self.new_engine is not None
         engine = self.new_engine(i)
         t0 = time.monotonic()
+        start = asyncio.ensure_future(asyncio.to_thread(engine.start, ENGINE_START_TIMEOUT_S))
         try:
-            start = asyncio.ensure_future(asyncio.to_thread(engine.start, ENGINE_START_TIMEOUT_S))
-            try:
-                await asyncio.shield(start)
-            except asyncio.CancelledError:  # the gateway stops: the start ends once the process is gone
-                await asyncio.to_thread(engine.kill)
-                with contextlib.suppress(Exception):
-                    await start
-                raise
+            await asyncio.shield(start)
             await self.pool.replace(workers, engine.front_end_ends())
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the gateway stops: a start under way ends once the process is gone
             await asyncio.to_thread(engine.kill)
+            with contextlib.suppress(Exception):
+                await start
             engine.close()
             raise
         except (EngineStoppedError, RuntimeError, OSError) as e:
             await asyncio.to_thread(engine.kill)
             engine.close()
             logger.critical("ASR engine %d could not be replaced: %s", i, e)
-            if len(self._engines_down) == len(self.engine_processes):
+            if self._engines_up == 0:
                 self._engine_failed(RuntimeError(f"no ASR engine is up: {e}"))
             return
         engine.handed_over()
@@ -841,12 +842,12 @@ class Daemon:
         loop.add_reader(engine.control_fileno, self._engine_control, i)
         self._engines_down.discard(i)
         self.pool.resume(workers)
-        metrics.ENGINES_UP.set(len(self.engine_processes) - len(self._engines_down))
+        metrics.ENGINES_UP.set(self._engines_up)
         metrics.MEDIA_WORKERS.set(self.pool.alive)
         logger.info(
             "ASR engine %d replaced by process %s in %.1f s, with media workers %s: %d of %d engines up",
             i, engine.pid, time.monotonic() - t0, ",".join(map(str, workers)),
-            len(self.engine_processes) - len(self._engines_down), len(self.engine_processes),
+            self._engines_up, len(self.engine_processes),
         )  # fmt: skip
 
     def _worker_died(self, index: int, legs: list[str]) -> None:
@@ -872,9 +873,7 @@ class Daemon:
                 index, REPLACEMENTS_PER_WINDOW, REPLACEMENT_WINDOW_S,
             )  # fmt: skip
             return
-        task = asyncio.get_running_loop().create_task(self._replace_worker(index, engine))
-        self._replacing.add(task)
-        task.add_done_callback(self._replacing.discard)
+        self._start_replacement(self._replace_worker(index, engine))
 
     async def _replace_worker(self, index: int, k: int) -> None:
         """Media worker `index` anew, with a new chunk channel into its running engine k."""

@@ -444,7 +444,7 @@ def asr_rows() -> list[Row]:
                     "ASR engine processes",
                     [
                         (f"sum(ttg_engines_up{SEL})", "up"),
-                        (f"sum(increase(ttg_engine_failures_total{SEL}[$__rate_interval]))", "failures"),
+                        (f"sum({rate('ttg_engine_failures_total')})", "failures/s"),
                     ],
                     description="Engines taking calls (0 in single-process mode); one that fails while "
                     "others run is replaced with its media workers",

@@ -192,10 +192,9 @@ class MediaWorkerPool:
 
     async def drained(self, indices: Sequence[int], timeout: float) -> int:
         """Wait (at most `timeout` s) until the workers hold no legs; how many they still hold."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while (left := sum(len(self.workers[i].legs) for i in indices)) and (
-            asyncio.get_running_loop().time() < deadline
-        ):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (left := sum(len(self.workers[i].legs) for i in indices)) and loop.time() < deadline:
             await asyncio.sleep(0.1)
         return left
 
