@@ -399,46 +399,56 @@ def _attention(
     lp: LayerParams,
     B: int,
     T: int,
-    kv_ctx: mx.array | None = None,
+    parent: mx.array | None = None,
     *,
     array_exp: bool,
 ) -> tuple[mx.array, mx.array]:
-    """Relative-position attention of T new frames over [cache | new] keys, with every matmul operand
-    already in the layout the GEMM takes (so MLX copies nothing behind the graph's back) and no gather:
+    """Relative-position attention of T new frames over [cache | new] keys, head-major (H, B, ...)
+    throughout, with every matmul operand already in the layout the GEMM takes and no copy of the
+    cache: the cached keys and the new ones are separate blocks of the scores (one product each,
+    concatenated only as scores), so the cache is read where it was gathered and never joined to the
+    new frames.
 
-    * the bias add writes q+u as (B, H, T, dh) and q+v as (H, B*T, dh) (one fused kernel, two outputs);
-    * the K|V concatenation writes (2, B, H, L, dh): K and V are contiguous per head, K^T a view;
+    * the bias add writes q+u as (H, B, T, dh) and q+v as (H, B*T, dh) (one fused kernel, two outputs);
     * the position term is H GEMMs of (B*T, dh) x (dh, NP) against the distance columns in reverse
-      order, so the rel-shift of the reference is a strided view: query i's key j sits at column
-      shift - i + j of its row, i.e. a row stride of NP - 1 (`shift` = d_max minus the cached frames).
+      order, so the rel-shift of the reference is a strided view: query i's key j (cache first) sits at
+      column shift - i + j of its row, i.e. a row stride of NP - 1 (`shift` = d_max minus the cached
+      frames).
+    * `parent` (B,) (chained calls): a row that continues another row of the call (a flush's second
+      chunk) sees, as its newest T cached frames, its parent's new frames: a third block of keys between
+      the cache and the new ones, at the cache's last T positions, whose cache slots the mask hides for
+      such rows (`streaming_mask`); for the other rows the block is masked. Gathering T frames per row
+      is what this costs, not a copy of every row's cache.
 
-    qkv (B*T, 3D); kv_cache (B, Lc, 2D) or None (offline: the keys are the new frames); mask additive,
-    broadcastable to (B, H, T, L); `kv_ctx`: where each row's cache comes from (`chain_indices`);
-    `array_exp`: the softmax's way (`expmath`).
-    Returns (B*T, D) output rows and the new K|V (B, T, 2D)."""
+    qkv (B*T, 3D); kv_cache (2, H, B, Lc, dh) or None (offline: the keys are the new frames); mask
+    additive, broadcastable to (H, B, T, keys); `array_exp`: the softmax's way (`expmath`).
+    Returns (B*T, D) output rows and the new K|V (2, H, B, T, dh)."""
     D, H, dh = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
     NP = pos_rev.shape[-1]
-    q = qkv[:, :D].reshape(B, T, H, dh)
-    q_u = q.transpose(0, 2, 1, 3) + lp.b_u.reshape(H, 1, dh)  # (B, H, T, dh)
-    q_v = q.reshape(B * T, H, dh).transpose(1, 0, 2) + lp.b_v.reshape(H, 1, dh)  # (H, B*T, dh)
+    q = qkv[:, :D].reshape(B, T, H, dh).transpose(2, 0, 1, 3)  # (H, B, T, dh), a view
+    q_u = q + lp.b_u.reshape(H, 1, 1, dh)
+    q_v = (q + lp.b_v.reshape(H, 1, 1, dh)).reshape(H, B * T, dh)
     if lp.q_scale != 1.0:
         q_u, q_v = q_u * lp.q_scale, q_v * lp.q_scale
-    kv_new = qkv[:, D:].reshape(B, T, 2 * D)
-    kv = kv_new.reshape(B, T, 2, H, dh).transpose(2, 0, 3, 1, 4)
-    if kv_cache is not None and kv_ctx is not None:
-        kv_cache = _continued(kv_cache, kv_new, kv_ctx)
-    if kv_cache is not None:
-        Lc = kv_cache.shape[1]
-        kv = mx.concatenate([kv_cache.reshape(B, Lc, 2, H, dh).transpose(2, 0, 3, 1, 4), kv], axis=3)
-    else:
-        kv = mx.contiguous(kv)
-    L = kv.shape[3]  # (2, B, H, L, dh)
-    k, v = _layer(kv, 0), _layer(kv, 1)
+    kv_new = mx.contiguous(qkv[:, D:].reshape(B, T, 2, H, dh).transpose(2, 3, 0, 1, 4))
+    Lc = 0 if kv_cache is None else kv_cache.shape[3]
     pos = q_v @ pos_rev  # (H, B*T, NP), contiguous
-    rel = mx.as_strided(pos, (H, B, T, L), (B * T * NP, T * NP, NP - 1, 1), shift)
-    scores = q_u @ k.swapaxes(-1, -2) + rel.transpose(1, 0, 2, 3) + mask
-    o = expmath.softmax(scores, array_exp) @ v
-    return o.transpose(0, 2, 1, 3).reshape(B * T, D), kv_new
+    rel = mx.as_strided(pos, (H, B, T, Lc + T), (B * T * NP, T * NP, NP - 1, 1), shift)
+    blocks = [(kv_new, rel[..., Lc:])]  # (K|V of the keys, their position term)
+    if kv_cache is not None:
+        if parent is not None:
+            blocks.insert(0, (mx.take(kv_new, parent, axis=2), rel[..., Lc - T : Lc]))
+        blocks.insert(0, (kv_cache, rel[..., :Lc]))
+    scores = mx.concatenate([q_u @ kv[0].swapaxes(-1, -2) + r for kv, r in blocks], axis=-1) + mask
+    p = expmath.softmax(scores, array_exp)
+    o, start = None, 0
+    for kv, _ in blocks:
+        n = kv.shape[3]
+        weights = p[..., start : start + n]
+        o = weights @ kv[1] if o is None else mx.addmm(o, weights, kv[1])
+        start += n
+    assert o is not None
+    return o.transpose(1, 2, 0, 3).reshape(B * T, D), kv_new
 
 
 def conformer_layer(
@@ -456,12 +466,13 @@ def conformer_layer(
 ) -> tuple[mx.array, mx.array, mx.array]:
     """One block over T new frames of B rows.
 
-    x (B, T, D); kv_cache (B, Lc, 2D) projected K|V of the cached frames, oldest first (None: no
-    cache, as offline); conv_cache (B, K-1, D) last GLU outputs; mask additive (B|1, 1, T|1, L) with
-    L = Lc + T keys; `pos_rev`/`shift`: the position table and where query 0's key 0 sits in it
-    (`_attention`); `chain`: where each row's K|V and conv caches come from (`chain_indices`);
-    `array_exp`: how its sigmoids and softmax run (`EncoderParams.array_exp`).
-    Returns x, this chunk's K|V (B, T, 2D) and the new conv cache (B, K-1, D).
+    x (B, T, D); kv_cache (2, H, B, Lc, dh) projected K|V of the cached frames, oldest first (None: no
+    cache, as offline); conv_cache (B, K-1, D) last GLU outputs; mask additive, broadcastable to
+    (H, B, T, keys) (`streaming_mask`); `pos_rev`/`shift`: the position table and where query 0's key 0
+    sits in it (`_attention`); `chain` (parent (B,), conv context indices): rows that continue another
+    row of the call (`_attention`, `chain_indices`); `array_exp`: how its sigmoids and softmax run
+    (`EncoderParams.array_exp`).
+    Returns x, this chunk's K|V (2, H, B, T, dh) and the new conv cache (B, K-1, D).
     """
     eps = cfg.layer_norm_eps
     D = cfg.hidden_size
@@ -476,8 +487,8 @@ def conformer_layer(
     h = _ln(x, lp.att_norm, eps)
     parts = [linear(h, w) for w in lp.w_qkv]
     qkv = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
-    kv_ctx, conv_ctx = chain if chain is not None else (None, None)
-    o, kv_new = _attention(qkv, kv_cache, mask, pos_rev, shift, cfg, lp, B, T, kv_ctx, array_exp=array_exp)
+    parent, conv_ctx = chain if chain is not None else (None, None)
+    o, kv_new = _attention(qkv, kv_cache, mask, pos_rev, shift, cfg, lp, B, T, parent, array_exp=array_exp)
     x = addmm(x, o, lp.w_o)
 
     # Convolution module: pw1 -> GLU -> causal depthwise over [cache | new] -> LN -> SiLU -> pw2.
@@ -507,13 +518,24 @@ def head(p: EncoderParams, x: mx.array, prompt_ids: mx.array) -> mx.array:
     return (linear(z, hp.w_proj) + hp.b_proj).astype(mx.float32)
 
 
-def streaming_mask(valid: mx.array, Lc: int, T: int, dtype: mx.Dtype, seen: mx.array) -> mx.array:
-    """(B, 1, T, Lc + T) additive mask: per query, the newest `valid` (B, T) of the Lc cache slots
-    (the older ones hold no frame yet, or lie beyond its chunk's left context) and the first `seen`
-    (B, T) new frames (its chunk's end, or the row's last real frame) are visible."""
+def streaming_mask(
+    valid: mx.array, Lc: int, T: int, dtype: mx.Dtype, seen: mx.array, follows: mx.array | None = None
+) -> mx.array:
+    """(1, B, T, keys) additive mask over [cache (Lc) | new (T)] keys: per query, the newest `valid`
+    (B, T) of the Lc cache slots (the older ones hold no frame yet, or lie beyond its chunk's left
+    context) and the first `seen` (B, T) new frames (its chunk's end, or the row's last real frame).
+
+    With `follows` (B,) bool (a chained call, `_attention`), the keys are [cache | parent's new (T) |
+    new]: a following row's newest T cache slots are its parent's new frames, so it sees them in the
+    middle block and not in its own (whose rows there hold nothing yet); the other rows never see the
+    middle block."""
     k = mx.arange(Lc + T)
-    ok = (k[None, None, :] >= (Lc - valid)[:, :, None]) & (k[None, None, :] < Lc + seen[:, :, None])
-    return mx.where(ok, mx.array(0, dtype), mx.array(-np.inf, dtype))[:, None]
+    ok = (k >= Lc - valid[..., None]) & (k < Lc + seen[..., None])  # (B, T, Lc + T)
+    if follows is not None:
+        f = follows[:, None, None]
+        newest = (k[:Lc] >= Lc - T)[None, None]
+        ok = mx.concatenate([ok[..., :Lc] & ~(f & newest), ok[..., Lc - T : Lc] & f, ok[..., Lc:]], axis=-1)
+    return mx.where(ok, mx.array(0, dtype), mx.array(-np.inf, dtype))[None]
 
 
 def encoder_stack(
@@ -524,18 +546,22 @@ def encoder_stack(
     valid: mx.array,
     prompt_ids: mx.array,
     seen: mx.array,
-    chain: tuple[mx.array, mx.array] | None = None,
+    chain: tuple[mx.array, mx.array, mx.array] | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """All conformer layers plus the head for B rows of T frames (one streaming step).
 
-    kv_cache (layers, B, Lc, 2D) and conv_cache (layers, B, K-1, D) are the rows' gathered caches.
-    `valid`, `seen`: per-query visibility (`streaming_mask`). `chain`: rows that continue another row
-    of the call (`chain_indices`).
-    Returns frames (B, T, J) float32, new K|V (layers, B, T, 2D) and new conv caches (layers, ...).
+    kv_cache (layers, 2, H, B, Lc, dh) and conv_cache (layers, B, K-1, D) are the rows' gathered
+    caches. `valid`, `seen`: per-query visibility (`streaming_mask`). `chain` (parent (B,) row indices,
+    follows (B,) bool, conv context indices from `chain_indices`): rows that continue another row of
+    the call.
+    Returns frames (B, T, J) float32, new K|V (layers, 2, H, B, T, dh) and new conv caches
+    (layers, B, K-1, D).
     """
     cfg = p.cfg
     T = x.shape[1]
-    mask = streaming_mask(valid, cfg.left_context_frames, T, x.dtype, seen)
+    follows = chain[1] if chain is not None else None
+    mask = streaming_mask(valid, cfg.left_context_frames, T, x.dtype, seen, follows)
+    layer_chain = (chain[0], chain[2]) if chain is not None else None
     shift = p.t_max - 1  # d_max - Lc: query Lc + i and key j are Lc + i - j apart
     kv_out, conv_out = [], []
     for n, lp in enumerate(p.layers):
@@ -548,7 +574,7 @@ def encoder_stack(
             shift,
             lp,
             cfg,
-            chain,
+            layer_chain,
             array_exp=p.array_exp,
         )
         kv_out.append(kv_new)
@@ -557,18 +583,17 @@ def encoder_stack(
     return frames, mx.stack(kv_out), mx.stack(conv_out)
 
 
-def chain_indices(parent: np.ndarray, T: int, Lc: int, K: int) -> tuple[np.ndarray, np.ndarray]:
-    """Where each row's attention and conv caches come from when some rows of a call continue another
-    row of it (`parent[r] != r`: row r is the chunk after row parent[r], a flush's second chunk).
+def chain_indices(parent: np.ndarray, T: int, K: int) -> np.ndarray:
+    """Where each row's conv cache comes from when some rows of a call continue another row of it
+    (`parent[r] != r`: row r is the chunk after row parent[r], a flush's second chunk).
 
-    Per layer, a row's context is [its cache | its new frames] (Lc + T K|V rows, K - 1 + T GLU rows);
-    a row that continues its parent takes, as its cache, the last Lc (K - 1) of its parent's context:
-    what the parent's step would have left in the pools. Returns flat row indices into those contexts
-    ((B, Lc) and (B, K - 1)); a row that continues nothing reads its own cache."""
+    Per layer, a row's conv context is [its cache | its new GLU rows] (K - 1 + T rows); a row that
+    continues its parent takes, as its cache, the last K - 1 of its parent's context: what the parent's
+    step would have left in the pool. Returns flat row indices into those contexts (B, K - 1); a row
+    that continues nothing reads its own cache. (The attention's chain needs no indices: `_attention`.)"""
     own = np.arange(len(parent)) == parent
-    kv = parent[:, None] * (Lc + T) + np.where(own, 0, T)[:, None] + np.arange(Lc)[None, :]
     conv = parent[:, None] * (K - 1 + T) + np.where(own, 0, T)[:, None] + np.arange(K - 1)[None, :]
-    return kv.astype(np.int32), conv.astype(np.int32)
+    return conv.astype(np.int32)
 
 
 def _continued(cache: mx.array, new: mx.array, ctx: mx.array) -> mx.array:

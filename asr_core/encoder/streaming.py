@@ -3,10 +3,13 @@
 Theory of operation. Every stream owns a slot. Its caches are rows of a few preallocated batched
 arrays (the pool), which double when full:
 
-* K|V: a ring of Lc rows per slot in `kv` (layers, 1 + cap*Lc, 2D) holding the *projected* keys and
-  values of the last Lc encoder frames; frame a of slot s lives in row 1 + s*Lc + a % Lc. A step
-  gathers each row's Lc cached frames oldest-first (one take for all layers, each layer's block
-  contiguous) and writes only its T new frames back, so no cache is ever shifted in the pool.
+* K|V: a ring of Lc rows per slot in `kv` (layers, 2H, 1 + cap*Lc, dh), head-major, holding the
+  *projected* keys and values of the last Lc encoder frames; frame a of slot s lives in row
+  1 + s*Lc + a % Lc of every (layer, K|V, head) plane. A step gathers each row's Lc cached frames
+  oldest-first (one take for all layers, landing in the (K|V, H, B, Lc, dh) layout the attention's
+  GEMMs read as they are) and writes only its T new frames back, so no cache is ever shifted in the
+  pool. The pool holds the rows' bytes as 8-byte words (`_kv_words`): a take or a scatter moves one
+  element per word, a quarter as many as f16 elements.
 * conv: the last K-1 GLU outputs per layer, `conv` (layers, 1 + cap, K-1, D).
 * subsampling: each strided stage's last input row, `sub[i]` (1 + cap, F_i[, C]).
 
@@ -162,9 +165,12 @@ class StreamingEncoder:
         self._frames: dict[tuple[int, bool, bool], int] = {}  # (mel frames, first, last) -> T
         D, L, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.conv_kernel_size
         freqs = cfg.subsampling_freqs()
-        # Pool shapes with the slot axis as 0: kv and conv keep the layer axis in front of it.
+        H = cfg.num_attention_heads
+        self._kv_word, words = _kv_words(self.dtype, D // H)
+        # Pool shapes with the slot axis as 0: kv keeps the layer and (K|V, head) planes in front of
+        # it, conv the layer axis.
         self._pools: list[mx.array] = [
-            mx.zeros((L, 1, 2 * D), dtype=self.dtype),  # kv ring rows
+            mx.zeros((L, 2 * H, 1, words), dtype=self._kv_word),  # kv ring rows
             mx.zeros((L, 1, K - 1, D), dtype=self.dtype),  # conv
             mx.zeros((1, freqs[0]), dtype=self.dtype),  # subsampling stage 0 (single channel)
             *[mx.zeros((1, f, cfg.subsampling_conv_channels), dtype=self.dtype) for f in freqs[1:-1]],
@@ -216,10 +222,10 @@ class StreamingEncoder:
         self._flush_pending()
         add = capacity - self._capacity
         for i, pool in enumerate(self._pools):
-            axis = 1 if i < 2 else 0
+            axis = _POOL_SLOT_AXIS[min(i, 2)]
             shape = list(pool.shape)
             shape[axis] = add * self._Lc if i == 0 else add
-            self._pools[i] = mx.concatenate([pool, mx.zeros(shape, dtype=self.dtype)], axis=axis)
+            self._pools[i] = mx.concatenate([pool, mx.zeros(shape, dtype=pool.dtype)], axis=axis)
         mx.eval(self._pools)
         for slot in range(self._capacity, capacity):
             heapq.heappush(self._free, slot)
@@ -228,7 +234,9 @@ class StreamingEncoder:
     def _flush_pending(self) -> None:
         # Each scatter consumes the previous pool array (refcount 1), so MLX updates it in place.
         for pool, idx, values in self._pending:
-            if pool < 2:
+            if pool == 0:
+                self._pools[pool][:, :, idx] = values
+            elif pool == 1:
                 self._pools[pool][:, idx] = values
             else:
                 self._pools[pool][idx] = values
@@ -300,9 +308,9 @@ class StreamingEncoder:
             call.meta = [up.add(a) for a in self._stack_meta(group, T, Bp)]
             call.chained = self.compiled or any(r.follows for r in group)
             if call.chained:
-                parent = _parents(group, Bp)[0]
-                K = self.cfg.conv_kernel_size
-                call.links = [up.add(a) for a in chain_indices(parent, T, self._Lc, K)]
+                parent, follows = _parents(group, Bp)
+                conv_ctx = chain_indices(parent, T, self.cfg.conv_kernel_size)
+                call.links = [up.add(parent), up.add(follows), up.add(conv_ctx)]
             keep = [k for k, r in enumerate(group) if not (r.flush or r.last)]
             call.keep = None if len(keep) in (0, B) else up.add(np.array(keep, np.int32))
             call.commits = bool(keep)
@@ -346,12 +354,15 @@ class StreamingEncoder:
             )
             self.calls["stack"] += 1
             if Bp > B:
-                frames, kv_new, conv_new = frames[:B], kv_new[:, :B], conv_new[:, :B]
+                frames, kv_new, conv_new = frames[:B], kv_new[:, :, :, :B], conv_new[:, :B]
             if call.commits:
                 if call.keep is not None:
                     idx = up[call.keep]
-                    kv_new, conv_new = mx.take(kv_new, idx, axis=1), mx.take(conv_new, idx, axis=1)
-                self._pending.append((0, meta[4], kv_new.flatten(1, 2)))
+                    kv_new, conv_new = mx.take(kv_new, idx, axis=3), mx.take(conv_new, idx, axis=1)
+                # (layers, 2, H, B, T, dh) -> the pool's (layers, 2H, B*T, words)
+                L, _, H, Bk, _, dh = kv_new.shape
+                words = kv_new.reshape(L, 2 * H, Bk * T, dh).view(self._kv_word)
+                self._pending.append((0, meta[4], words))
                 self._pending.append((1, meta[5], conv_new))
             results.append((group, frames))
 
@@ -469,6 +480,10 @@ class StreamingEncoder:
         j = np.arange(Lc)
         ring = 1 + slot[:, None] * Lc
         held = j[None, :] >= (Lc - np.minimum(a0, reach))[:, None]
+        # A flush's second chunk (`ahead`): its newest cache slots are its first chunk's frames, which
+        # the pool does not hold (the attention takes them from the call, `layers._attention`).
+        committed = np.fromiter((r.stream.frames for r in group), np.int64, B)
+        held &= a0[:, None] - Lc + j[None, :] < committed[:, None]
         # Frame a of a slot lives in ring row a % Lc; unheld slots read the zero row.
         kv_idx = np.zeros((padded, Lc), np.int32)
         kv_idx[:B] = np.where(held, ring + (a0[:, None] - Lc + j[None, :]) % Lc, 0)
@@ -686,12 +701,18 @@ def _stack_step(
     valid: mx.array,
     prompt: mx.array,
     seen: mx.array,
-    kv_ctx: mx.array | None = None,
+    parent: mx.array | None = None,
+    follows: mx.array | None = None,
     conv_ctx: mx.array | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
-    kv_cache = _take_rows(kv_pool, kv_idx)  # (layers, B, Lc, 2D), oldest first
+    L, planes, _, _ = kv_pool.shape
+    H, dh = planes // 2, params.cfg.hidden_size // (planes // 2)
+    words = _take_rows(kv_pool.reshape(L * planes, *kv_pool.shape[2:]), kv_idx)  # (L*2H, B, Lc, words)
+    kv_cache = words.view(params.dtype).reshape(L, 2, H, *kv_idx.shape, dh)  # oldest first
     conv_cache = _take_rows(conv_pool, conv_idx)  # (layers, B, K-1, D)
-    chain = (kv_ctx, conv_ctx) if kv_ctx is not None and conv_ctx is not None else None
+    chain = None
+    if parent is not None and follows is not None and conv_ctx is not None:
+        chain = (parent, follows, conv_ctx)
     return encoder_stack(params, x, kv_cache, conv_cache, valid, prompt, seen, chain)
 
 
@@ -783,6 +804,17 @@ class _Uploads:
         self._used = start + n
         self._parts.append((start, n, shape, dtype))
         return start
+
+
+_POOL_SLOT_AXIS = (2, 1, 0)  # the slot (ring row) axis of the kv pool, the conv pool, the others
+
+
+def _kv_words(dtype: mx.Dtype, dh: int) -> tuple[mx.Dtype, int]:
+    """The element type the K|V pool stores a head's dh values as, and how many per row: 8-byte words
+    where a row's bytes divide into them (MLX's gather and scatter kernels move one element per GPU
+    thread, so wider elements move the same bytes in fewer), else the values themselves."""
+    size = dtype.size * dh
+    return (mx.uint64, size // 8) if size % 8 == 0 else (dtype, dh)
 
 
 def _take_rows(pool: mx.array, idx: mx.array) -> mx.array:
