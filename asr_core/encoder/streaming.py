@@ -193,8 +193,10 @@ class StreamingEncoder:
         """On a GPU, the most slots the pools may hold: every pool array stays below 2**31 elements.
 
         Some of MLX's GPU kernels address an array with 32-bit offsets; the K|V pool is one array for all
-        layers, (layers, 1 + slots * Lc, 2D), and at full size passes 2**31 elements at 781 slots, where
-        CUDA fails with "an illegal memory access" (docs/benchmarks.md). None on the CPU."""
+        layers, (layers, 1 + slots * Lc, 2D) values, and at full size passes 2**31 of them at 781 slots,
+        where CUDA failed with "an illegal memory access" (docs/benchmarks.md). Counted in values, not the
+        8-byte words the pool stores them as, and so within the limit whichever an array is viewed as.
+        None on the CPU."""
         return pool_stream_limit(self.cfg) if mx.default_device() == mx.gpu else None
 
     def alloc(self, prompt_id: int, lookahead: int) -> int:
@@ -666,7 +668,7 @@ def _jit_build_lock() -> Iterator[None]:
 
 
 def pool_stream_limit(cfg: EncoderConfig) -> int:
-    """The most slots for which the K|V pool (layers, 1 + slots * Lc, 2D) stays below 2**31 elements."""
+    """The most slots for which the K|V pool, (layers, 1 + slots * Lc, 2D) values, stays below 2**31."""
     rows = _MAX_POOL_ELEMENTS // (cfg.num_hidden_layers * 2 * cfg.hidden_size)
     return max(1, (rows - 1) // cfg.left_context_frames)
 

@@ -73,16 +73,18 @@ def test_gpu_benchmark_script_smoke_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("flags", "label"), [([], "ours"), (["--reference"], "transformers")])
-def test_kernel_profile_script_runs_its_steps_without_a_cuda_driver(flags: list[str], label: str) -> None:
+def test_kernel_profile_script_runs_each_batch_size_without_cuda(flags: list[str], label: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.bench.gpu_kernels", "--smoke", "--batch", "3", *flags],
+        [sys.executable, "-m", "tools.bench.gpu_kernels", "--smoke", "--batch", "3", "2", *flags],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert f"{label} B=3: step wall median" in proc.stdout and f"{label} B=3: 2 steps run" in proc.stdout
+    for batch in (3, 2):  # one model, each batch size in turn
+        assert f"{label} B={batch}: step wall median" in proc.stdout
+        assert f"{label} B={batch}: 2 steps run" in proc.stdout
 
 
 NCU_COLUMNS = [

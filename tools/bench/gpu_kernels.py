@@ -14,7 +14,8 @@ kernels one at a time, so the sum is the step's GPU time with no overlap (MLX is
 stream: there is none to lose). The second form groups the recorded kernels by kind (GEMM, copy,
 elementwise fused under mx.compile, …) and by name and prints per-step milliseconds, the part of
 the whole and the launch count. `--smoke` runs the first form with a tiny config on whatever device
-there is (the test suite's CPU), with nothing to bracket.
+there is (the test suite's CPU), with nothing to bracket. Several `--batch` sizes run one after the
+other on one model (without ncu: the step's wall time at each, for one model build).
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def kind_of(name: str) -> str:
     return next((k for k, pattern in KINDS if pattern.search(name)), "other")
 
 
-def profile(batch: int, steps: int, seed: int, smoke: bool, reference: bool) -> None:
+def profile(batches: list[int], steps: int, seed: int, smoke: bool, reference: bool) -> None:
+    """Each batch size in turn on one model: the step's wall time, then `steps` bracketed steps (give
+    ncu one batch size, or its log holds the kernels of all)."""
     import mlx.core as mx
 
     from asr_core.encoder import ChunkInput, StreamingEncoder, chunk_frames, first_chunk_frames
@@ -61,55 +64,62 @@ def profile(batch: int, steps: int, seed: int, smoke: bool, reference: bool) -> 
 
     cfg = TINY if smoke else FULL
     model = build_reference(cfg, "cpu", seed)
-    prompts = [PROMPTS[b % len(PROMPTS)] for b in range(batch)]
     factor, n_mels = cfg.subsampling_factor, cfg.n_mels
     rng = np.random.default_rng(seed)
-    run: Callable[[np.ndarray], object]
+    try:
+        cuda: ctypes.CDLL | None = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        cuda = None  # no NVIDIA driver (a CPU run): the steps run, nothing brackets them
     sync: Callable[[], None]
     if reference:  # transformers' streaming step, fp16, on the GPU where torch has one
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        stream = ReferenceStream(model.to(device, torch.float16), LOOKAHEAD, prompts)
-        run, sync = stream.step, (torch.cuda.synchronize if device == "cuda" else lambda: None)
+        model = model.to(device, torch.float16)
+        sync = torch.cuda.synchronize if device == "cuda" else lambda: None
     else:
         encoder = StreamingEncoder(our_weights(model, cfg, mx.float16), cfg, "f16")
         del model
-        slots = [encoder.alloc(p, LOOKAHEAD) for p in prompts]
+        sync = mx.synchronize
+    for batch in batches:
+        prompts = [PROMPTS[b % len(PROMPTS)] for b in range(batch)]
+        run: Callable[[np.ndarray], object]
+        slots: list[int] = []
+        if reference:
+            run = ReferenceStream(model, LOOKAHEAD, prompts).step
+        else:
+            slots = [encoder.alloc(p, LOOKAHEAD) for p in prompts]
 
-        def ours(mel: np.ndarray) -> object:
-            return encoder.step([ChunkInput(s, mel[b]) for b, s in enumerate(slots)])
+            def ours(mel: np.ndarray, slots: list[int] = slots) -> object:
+                return encoder.step([ChunkInput(s, mel[b]) for b, s in enumerate(slots)])
 
-        run, sync = ours, mx.synchronize
-    label = f"{'transformers' if reference else 'ours'} B={batch}"
+            run = ours
+        label = f"{'transformers' if reference else 'ours'} B={batch}"
 
-    def step(first: bool) -> float:
-        n = first_chunk_frames(LOOKAHEAD, factor) if first else chunk_frames(LOOKAHEAD, factor)
-        mel = rng.standard_normal((batch, n, n_mels), dtype=np.float32)
-        t0 = time.perf_counter()
-        run(mel)  # both hand the frames back on the host: the step has finished
-        return time.perf_counter() - t0
+        def step(first: bool, batch: int = batch, run: Callable[[np.ndarray], object] = run) -> float:
+            n = first_chunk_frames(LOOKAHEAD, factor) if first else chunk_frames(LOOKAHEAD, factor)
+            mel = rng.standard_normal((batch, n, n_mels), dtype=np.float32)
+            t0 = time.perf_counter()
+            run(mel)  # both hand the frames back on the host: the step has finished
+            return time.perf_counter() - t0
 
-    step(True)
-    for _ in range(default_warmup(cfg, LOOKAHEAD) + 4):
-        step(False)
-    walls = sorted(step(False) for _ in range(10))
-    median_ms = 1e3 * walls[len(walls) // 2]
-    print(f"{label}: step wall median {median_ms:.2f} ms without the profiler", flush=True)
-    try:
-        cuda: ctypes.CDLL | None = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        cuda = None  # no NVIDIA driver (a CPU run): the steps run, nothing brackets them
-    if cuda is not None:
-        cuda.cuProfilerStart()
-    for _ in range(steps):
-        step(False)
-    sync()
-    if cuda is not None:
-        cuda.cuProfilerStop()
-    print(
-        f"{label}: {steps} steps " + ("profiled" if cuda is not None else "run (no CUDA driver)"), flush=True
-    )
+        step(True)
+        for _ in range(default_warmup(cfg, LOOKAHEAD) + 4):
+            step(False)
+        walls = sorted(step(False) for _ in range(10))
+        median_ms = 1e3 * walls[len(walls) // 2]
+        print(f"{label}: step wall median {median_ms:.2f} ms without the profiler", flush=True)
+        if cuda is not None:
+            cuda.cuProfilerStart()
+        for _ in range(steps):
+            step(False)
+        sync()
+        if cuda is not None:
+            cuda.cuProfilerStop()
+        done = "profiled" if cuda is not None else "run (no CUDA driver)"
+        print(f"{label}: {steps} steps {done}", flush=True)
+        for s in slots:
+            encoder.release(s)
 
 
 def summarize(path: Path, steps: int, top: int) -> str:
@@ -158,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--batch", type=int, nargs="+", default=[512])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--summarize", type=Path, default=None, help="an ncu --csv log to summarise")
