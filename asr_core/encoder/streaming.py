@@ -8,10 +8,12 @@ arrays (the pool), which double when full:
   1 + s*Lc + a % Lc of every (layer, K|V, head) plane. A step gathers each row's Lc cached frames
   oldest-first (one take for all layers, landing in the (K|V, H, B, Lc, dh) layout the attention's
   GEMMs read as they are) and writes only its T new frames back, so no cache is ever shifted in the
-  pool. The pool holds the rows' bytes as 8-byte words (`_kv_words`): a take or a scatter moves one
-  element per word, a quarter as many as f16 elements.
+  pool.
 * conv: the last K-1 GLU outputs per layer, `conv` (layers, 1 + cap, K-1, D).
 * subsampling: each strided stage's last input row, `sub[i]` (1 + cap, F_i[, C]).
+
+The K|V and conv pools hold their rows' bytes as 8-byte words (`_words`): a take or a scatter moves
+one element per word, a quarter as many as f16 values.
 
 Row 0 of every pool is zeros and is never written: a fresh stream gathers it for slots that hold no
 frame yet (they are masked anyway; zeros keep them finite).
@@ -166,12 +168,12 @@ class StreamingEncoder:
         D, L, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.conv_kernel_size
         freqs = cfg.subsampling_freqs()
         H = cfg.num_attention_heads
-        self._kv_word, words = _kv_words(self.dtype, D // H)
+        self._word, words = _words(self.dtype, D // H)  # per head's row; H times that per D values
         # Pool shapes with the slot axis as 0: kv keeps the layer and (K|V, head) planes in front of
         # it, conv the layer axis.
         self._pools: list[mx.array] = [
-            mx.zeros((L, 2 * H, 1, words), dtype=self._kv_word),  # kv ring rows
-            mx.zeros((L, 1, K - 1, D), dtype=self.dtype),  # conv
+            mx.zeros((L, 2 * H, 1, words), dtype=self._word),  # kv ring rows
+            mx.zeros((L, 1, K - 1, H * words), dtype=self._word),  # conv
             mx.zeros((1, freqs[0]), dtype=self.dtype),  # subsampling stage 0 (single channel)
             *[mx.zeros((1, f, cfg.subsampling_conv_channels), dtype=self.dtype) for f in freqs[1:-1]],
         ]
@@ -363,9 +365,9 @@ class StreamingEncoder:
                     kv_new, conv_new = mx.take(kv_new, idx, axis=3), mx.take(conv_new, idx, axis=1)
                 # (layers, 2, H, B, T, dh) -> the pool's (layers, 2H, B*T, words)
                 L, _, H, Bk, _, dh = kv_new.shape
-                words = kv_new.reshape(L, 2 * H, Bk * T, dh).view(self._kv_word)
+                words = kv_new.reshape(L, 2 * H, Bk * T, dh).view(self._word)
                 self._pending.append((0, meta[4], words))
-                self._pending.append((1, meta[5], conv_new))
+                self._pending.append((1, meta[5], conv_new.view(self._word)))
             results.append((group, frames))
 
         if dot_path is not None:
@@ -711,7 +713,7 @@ def _stack_step(
     H, dh = planes // 2, params.cfg.hidden_size // (planes // 2)
     words = _take_rows(kv_pool.reshape(L * planes, *kv_pool.shape[2:]), kv_idx)  # (L*2H, B, Lc, words)
     kv_cache = words.view(params.dtype).reshape(L, 2, H, *kv_idx.shape, dh)  # oldest first
-    conv_cache = _take_rows(conv_pool, conv_idx)  # (layers, B, K-1, D)
+    conv_cache = _take_rows(conv_pool, conv_idx).view(params.dtype)  # (layers, B, K-1, D)
     chain = None
     if parent is not None and follows is not None and conv_ctx is not None:
         chain = (parent, follows, conv_ctx)
@@ -811,12 +813,12 @@ class _Uploads:
 _POOL_SLOT_AXIS = (2, 1, 0)  # the slot (ring row) axis of the kv pool, the conv pool, the others
 
 
-def _kv_words(dtype: mx.Dtype, dh: int) -> tuple[mx.Dtype, int]:
-    """The element type the K|V pool stores a head's dh values as, and how many per row: 8-byte words
-    where a row's bytes divide into them (MLX's gather and scatter kernels move one element per GPU
-    thread, so wider elements move the same bytes in fewer), else the values themselves."""
-    size = dtype.size * dh
-    return (mx.uint64, size // 8) if size % 8 == 0 else (dtype, dh)
+def _words(dtype: mx.Dtype, n: int) -> tuple[mx.Dtype, int]:
+    """The element type a pool stores rows of n values as, and how many per row: 8-byte words where a
+    row's bytes divide into them (MLX's gather and scatter kernels move one element per GPU thread, so
+    wider elements move the same bytes in fewer), else the values themselves."""
+    size = dtype.size * n
+    return (mx.uint64, size // 8) if size % 8 == 0 else (dtype, n)
 
 
 def _take_rows(pool: mx.array, idx: mx.array) -> mx.array:
