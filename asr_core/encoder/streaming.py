@@ -12,8 +12,8 @@ arrays (the pool), which double when full:
 * conv: the last K-1 GLU outputs per layer, `conv` (layers, 1 + cap, K-1, D).
 * subsampling: each strided stage's last input row, `sub[i]` (1 + cap, F_i[, C]).
 
-The K|V and conv pools hold their rows' bytes as 8-byte words (`_words`): a take or a scatter moves
-one element per word, a quarter as many as f16 values.
+The K|V and conv pools hold their rows' bytes as 4-byte words (`_words`), taken as 8-byte ones
+(`_take_values`): a scatter moves half as many elements as f16 values, a take a quarter.
 
 Row 0 of every pool is zeros and is never written: a fresh stream gathers it for slots that hold no
 frame yet (they are masked anyway; zeros keep them finite).
@@ -711,9 +711,9 @@ def _stack_step(
 ) -> tuple[mx.array, mx.array, mx.array]:
     L, planes, _, _ = kv_pool.shape
     H, dh = planes // 2, params.cfg.hidden_size // (planes // 2)
-    words = _take_rows(kv_pool.reshape(L * planes, *kv_pool.shape[2:]), kv_idx)  # (L*2H, B, Lc, words)
-    kv_cache = words.view(params.dtype).reshape(L, 2, H, *kv_idx.shape, dh)  # oldest first
-    conv_cache = _take_rows(conv_pool, conv_idx).view(params.dtype)  # (layers, B, K-1, D)
+    values = _take_values(kv_pool.reshape(L * planes, *kv_pool.shape[2:]), kv_idx, params.dtype)
+    kv_cache = values.reshape(L, 2, H, *kv_idx.shape, dh)  # oldest first
+    conv_cache = _take_values(conv_pool, conv_idx, params.dtype)  # (layers, B, K-1, D)
     chain = None
     if parent is not None and follows is not None and conv_ctx is not None:
         chain = (parent, follows, conv_ctx)
@@ -814,11 +814,21 @@ _POOL_SLOT_AXIS = (2, 1, 0)  # the slot (ring row) axis of the kv pool, the conv
 
 
 def _words(dtype: mx.Dtype, n: int) -> tuple[mx.Dtype, int]:
-    """The element type a pool stores rows of n values as, and how many per row: 8-byte words where a
+    """The element type a pool stores rows of n values as, and how many per row: 4-byte words where a
     row's bytes divide into them (MLX's gather and scatter kernels move one element per GPU thread, so
-    wider elements move the same bytes in fewer), else the values themselves."""
+    wider elements move the same bytes in fewer; its GPU scatter takes no 8-byte type), else the values
+    themselves."""
     size = dtype.size * n
-    return (mx.uint64, size // 8) if size % 8 == 0 else (dtype, n)
+    return (mx.uint32, size // 4) if size % 4 == 0 else (dtype, n)
+
+
+def _take_values(pool: mx.array, idx: mx.array, dtype: mx.Dtype) -> mx.array:
+    """`_take_rows` of a pool of words, handed back as `dtype` values. The take reads pairs of words
+    as one 8-byte element where a row holds an even number (a view of the whole pool, no copy: it is
+    contiguous)."""
+    if pool.dtype == mx.uint32 and pool.shape[-1] % 2 == 0:
+        pool = pool.view(mx.uint64)
+    return _take_rows(pool, idx).view(dtype)
 
 
 def _take_rows(pool: mx.array, idx: mx.array) -> mx.array:
