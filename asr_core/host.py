@@ -104,8 +104,11 @@ class _Output:
                     self.write(STATUS, encode_status(self.status()))
                 next_status = time.monotonic() + self._period
             with self._lock:
-                self._dirty = False
-                self.writer.flush()
+                # A position the reader's socket did not take: publish again shortly, not only with
+                # the next record (a call's last final may be the last record for a while).
+                self._dirty = not self._published()
+                if self._dirty and not stop:
+                    self._lock.wait(0.005)
             if stop:
                 return
 
@@ -114,8 +117,14 @@ class _Output:
             self._stop = True
             self._lock.notify()
         self._thread.join(5)
+        deadline = time.monotonic() + 1.0
         with self._lock:
-            self.writer.flush()
+            while not self._published() and time.monotonic() < deadline:
+                self._lock.wait(0.005)
+
+    def _published(self) -> bool:
+        """Flush; whether everything written is announced (or nobody is left to read it)."""
+        return self.writer.flush() or self.writer.closed
 
 
 class _WireHooks:

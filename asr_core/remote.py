@@ -97,15 +97,18 @@ class ChunkSender:
         self._put(CLOSE, list(encode_close(key)))
 
     def flush(self) -> bool:
-        """Publish what was written; False while records still wait for room (call again soon)."""
+        """Publish what was written; False while records still wait for room, or while their position
+        did not reach the engine (its socket full): call again soon, or the last records of a front
+        end that writes nothing more (a call's FINISH) would sit in the ring unannounced. True once the
+        engine is gone: nothing will take them."""
         while self._pending:
             kind, parts = self._pending[0]
             if not self.writer.write(kind, *parts):
                 break
             self._pending.popleft()
-        self.writer.flush()
+        published = self.writer.flush()
         self.dirty = False
-        return not self._pending
+        return self.writer.closed or (published and not self._pending)
 
     def _put(self, kind: int, parts: list[bytes | memoryview]) -> None:
         self.dirty = True

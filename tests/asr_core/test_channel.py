@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import select
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -23,6 +26,9 @@ from asr_core.channel import (
     channel_pair,
     record_size,
 )
+from asr_core.host import _Output
+from asr_core.remote import ChunkSender
+from asr_core.wire import EVENT, Finish, decode_input
 
 
 def ring(capacity: int) -> tuple[RingWriter, RingReader]:
@@ -218,3 +224,60 @@ def test_a_reader_that_finds_the_writer_gone_by_a_failed_send_still_reads_what_i
     assert r.closed
     assert [bytes(v) for _, v in r.poll()] == [b"last"]
     r.close()
+
+
+def test_a_sender_whose_position_did_not_reach_the_reader_is_not_done_flushing() -> None:
+    """A FINISH written and flushed while the reader's socket is full is published by a later flush
+    (the media worker calls again while `flush` says False), not left in the ring unannounced."""
+    _, _, memory, (a, b) = channel_pair(1 << 20)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # a few positions fill the socket
+    sender = ChunkSender(ChannelWriter(memory, a))
+    reader = ChannelReader(SharedMemory.attach(os.dup(memory.fd), 1 << 20), b)
+    key = 0
+    for key in range(10_000):
+        sender.finish(key, 0)
+        if not sender.flush():
+            break
+    else:
+        pytest.fail("the socket never filled")
+    announced = [_key(kind, v) for kind, v in reader.poll()]
+    assert announced[-1] < key  # the last FINISH is in the ring, its position not on the socket
+    reader.release()
+    assert sender.flush()  # the socket was read: the position goes out now
+    announced += [_key(kind, v) for kind, v in reader.poll()]
+    assert announced == list(range(key + 1))
+    reader.close()
+    sender.writer.close()
+
+
+def _key(kind: int, view: memoryview) -> int:
+    record = decode_input(kind, view)
+    assert isinstance(record, Finish)
+    return record.key
+
+
+def test_the_engines_results_are_announced_once_the_readers_socket_has_room_again() -> None:
+    """A result written while the gateway's socket is full is announced without waiting for another
+    record to come along (the engine's publisher retries its position)."""
+    _, _, memory, (a, b) = channel_pair(1 << 16)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    a.setblocking(False)
+    with contextlib.suppress(BlockingIOError):
+        while True:  # positions of nothing (0) until the socket takes no more
+            a.send((0).to_bytes(8, "little"))
+    out = _Output(ChannelWriter(memory, a), status_period_s=3600.0)
+    out.status = dict  # one status record at the start, the next in an hour: as the host's
+    reader = ChannelReader(SharedMemory.attach(os.dup(memory.fd), 1 << 16), b)
+    out.start()
+    time.sleep(0.1)  # the publisher is idle, waiting for records
+    out.write(EVENT, [b"final"])
+    time.sleep(0.2)  # the publisher tries to announce it, and finds the socket full
+    got: list[bytes] = []
+    deadline = time.monotonic() + 10.0
+    while not got and time.monotonic() < deadline:
+        select.select([reader], [], [], 0.1)
+        got = [bytes(v) for kind, v in reader.poll() if kind == EVENT]
+    out.stop()
+    assert got == [b"final"]
+    reader.close()
+    out.writer.close()
