@@ -27,11 +27,14 @@ def test_the_systemd_unit_verifies_without_warnings(tmp_path: Path) -> None:
     assert res.returncode == 0 and res.stderr.strip() == "", res.stderr
 
 
-def test_the_systemd_unit_keeps_the_spool_in_the_state_directory_and_stops_gracefully() -> None:
+def test_the_systemd_unit_keeps_its_spool_and_kernel_cache_across_restarts_and_stops_gracefully() -> None:
     text = UNIT.read_text()
     for line in [
         "StateDirectory=ttg",
         "Environment=TTG_SINK__SPOOL_DIR=/var/lib/ttg/spool",
+        # MLX's compiled kernels (under the temp directory) outlive a restart: not the private /tmp
+        "CacheDirectory=ttg",
+        "Environment=TMPDIR=/var/cache/ttg",
         "KillSignal=SIGTERM",
         "Restart=on-failure",
         "NoNewPrivileges=yes",
