@@ -5,12 +5,13 @@
 #   bash tools/device/h200_run.sh engine    # engine process + front-end processes: 500 and 2000 calls
 #   bash tools/device/h200_run.sh gateway   # ttg serve + redis + ttg replay at fixed levels
 #   bash tools/device/h200_run.sh profile 1000   # engine process at N calls: per-thread CPU, py-spy
+#   bash tools/device/h200_run.sh encoder   # the encoder step alone: wall time per B, B=512 under ncu
 #
 # Every phase: MLX + wheels (device_env.sh), the kit's redis-server, a full-size f16 bundle generated
 # into /tmp/full (random weights, calibrated as `ttg make-bundle` does). Results go to $OUT (at most 8
 # files come back): the JSON/markdown summaries, the daemon's log, this script's log.
 set -uo pipefail
-phase=${1:?usage: h200_run.sh engine|gateway|profile [levels]}
+phase=${1:?usage: h200_run.sh engine|gateway|profile|encoder [levels]}
 levels=${2:-500,1000,2000}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -22,7 +23,8 @@ source tools/device/kit_env.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv
 nproc
 # A warm machine keeps /tmp: a bundle an earlier call finished is used again (the same seed and code).
-if [ ! -e /tmp/full.done ]; then
+# The encoder phase builds its random weights in memory and needs none.
+if [ "$phase" != encoder ] && [ ! -e /tmp/full.done ]; then
   stamp "make-bundle"
   python3 -m gateway.cli make-bundle --size full --dtype f16 --seed 0 --out /tmp/full > /tmp/make_bundle.log 2>&1 \
     || { tail -20 /tmp/make_bundle.log; exit 1; }
@@ -115,6 +117,16 @@ gateway)
     tail -3 /tmp/gw1.log
     cp /tmp/gw1/summary.md "$OUT/one_process_summary.md" 2>/dev/null
   fi
+  ;;
+encoder)
+  # Random full-size weights (no bundle): the step's wall time at each B on one model, then two B=512
+  # steps kernel by kernel under Nsight Compute (docs/benchmarks.md, "Kernel by kernel").
+  python3 -m tools.bench.gpu_kernels --batch 512 256 128 32 1 | tee "$OUT/encoder_steps.txt"
+  stamp "step times done"
+  ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --print-units base \
+    --log-file "$OUT/ncu_ours_512.csv" python3 -m tools.bench.gpu_kernels --batch 512 > /tmp/ncu.log 2>&1 \
+    || tail -20 /tmp/ncu.log
+  python3 -m tools.bench.gpu_kernels --summarize "$OUT/ncu_ours_512.csv" --top 40 | tee "$OUT/ncu_ours_512.md"
   ;;
 profile)
   # Where the engine process's time goes in steady state: the engine-procs bench at one level, and
