@@ -169,8 +169,8 @@ class StreamingEncoder:
         freqs = cfg.subsampling_freqs()
         H = cfg.num_attention_heads
         self._word, words = _words(self.dtype, D // H)  # per head's row; H times that per D values
-        # Pool shapes with the slot axis as 0: kv keeps the layer and (K|V, head) planes in front of
-        # it, conv the layer axis.
+        # The slot (ring row) axis of each pool: `_POOL_SLOT_AXIS`; kv keeps the layer and (K|V, head)
+        # planes in front of it, conv the layer axis.
         self._pools: list[mx.array] = [
             mx.zeros((L, 2 * H, 1, words), dtype=self._word),  # kv ring rows
             mx.zeros((L, 1, K - 1, H * words), dtype=self._word),  # conv
@@ -196,8 +196,8 @@ class StreamingEncoder:
 
         Some of MLX's GPU kernels address an array with 32-bit offsets; the K|V pool is one array for all
         layers, (layers, 1 + slots * Lc, 2D) values, and at full size passes 2**31 of them at 781 slots,
-        where CUDA failed with "an illegal memory access" (docs/benchmarks.md). Counted in values, not the
-        8-byte words the pool stores them as, and so within the limit whichever an array is viewed as.
+        where CUDA failed with "an illegal memory access" (docs/benchmarks.md). Counted in values, the most
+        elements of any view of the pool (it stores them as 4-byte words, taken as 8-byte ones).
         None on the CPU."""
         return pool_stream_limit(self.cfg) if mx.default_device() == mx.gpu else None
 
@@ -832,9 +832,10 @@ def _take_values(pool: mx.array, idx: mx.array, dtype: mx.Dtype) -> mx.array:
 
 
 def _take_rows(pool: mx.array, idx: mx.array) -> mx.array:
-    """pool (layers, N, ...) gathered at rows idx (any shape) of every layer -> (layers, *idx.shape, ...).
+    """pool (P, N, ...) gathered at rows idx (any shape) of every plane (a layer, or a layer's K or V
+    head) -> (P, *idx.shape, ...).
 
-    One gather over the flattened (layers * N) rows: each gathered row is contiguous, which MLX copies
+    One gather over the flattened (P * N) rows: each gathered row is contiguous, which MLX copies
     at memory speed (a take along axis 1 moves strided pieces and was ~2x slower on the CPU)."""
     L, N = pool.shape[0], pool.shape[1]
     rows = idx[None] + (mx.arange(L, dtype=idx.dtype) * N).reshape((L,) + (1,) * idx.ndim)
