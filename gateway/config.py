@@ -153,6 +153,16 @@ class SipSettings(BaseModel):
     max_engine_lag_ms: int = Field(
         3000, ge=0, description="ASR engine lag (for 2 s) past which new calls get 503 + Retry-After; 0 = off"
     )
+    call_limit_lag_ms: int = Field(
+        1000,
+        ge=0,
+        description="Engine lag the adaptive call limit steers by: the streams admitted may grow while the "
+        "lag stays under it and are cut back when it passes it, so a ramp of calls is admitted at the "
+        "pace the engine absorbs it (503 + Retry-After beyond); 0 = off (max_calls alone)",
+    )
+    call_limit_start: int = Field(
+        32, ge=1, description="Streams the adaptive call limit starts from, and never goes below"
+    )
     language_header: str = Field("X-Language", description="INVITE header naming the call's language")
     dnis_languages: dict[str, str] = Field(
         default_factory=dict,

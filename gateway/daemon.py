@@ -52,6 +52,7 @@ from gateway.logs import configure_logging
 if TYPE_CHECKING:
     from asr_core.config import EngineConfig
     from gateway.cuda_mps import MpsServer
+    from gateway.sip.admission import ConcurrencyLimit
 
 logger = logging.getLogger(__name__)
 
@@ -519,6 +520,7 @@ class Daemon:
         from gateway.sip.admission import OverloadGuard
 
         self.overload = OverloadGuard(settings.sip.max_engine_lag_ms / 1000)
+        self.call_limit: ConcurrencyLimit | None = None  # once admission's max_calls is known (`_start`)
 
     # --- control ---
 
@@ -633,7 +635,13 @@ class Daemon:
             legs,
             CallLogPublisher(self.sink),
         )
-        self.frontend.agent.admission.overload = self.overload
+        from gateway.sip.admission import ConcurrencyLimit
+
+        admission = self.frontend.agent.admission
+        admission.overload = self.overload
+        ceiling = admission.config.max_calls
+        limit = ConcurrencyLimit(s.sip.call_limit_lag_ms / 1000, s.sip.call_limit_start, ceiling)
+        admission.limit = self.call_limit = limit
         try:
             await self.frontend.start()
         except OSError as e:
@@ -642,6 +650,7 @@ class Daemon:
             ) from None
         self.readiness.details["active_calls"] = lambda: self.frontend.active_calls
         self.readiness.details["engine_lag_s"] = lambda: round(self.overload.lag_s, 3)
+        self.readiness.details["call_limit"] = lambda: limit.limit
         if self.pool is not None:
             self.readiness.details["media_workers"] = lambda: self.pool.alive
             self.readiness.details["engines_up"] = lambda: self._engines_up
@@ -908,6 +917,9 @@ class Daemon:
                 continue
             lag = float(status.get("lag_s", 0.0))
             metrics.ENGINE_LAG.set(lag)
+            if self.frontend is not None and self.call_limit is not None:
+                self.call_limit.update(lag, self.frontend.agent.active_streams, time.monotonic())
+                metrics.CALL_LIMIT.set(self.call_limit.limit)
             if self.overload.update(lag, time.monotonic()):
                 metrics.ENGINE_OVERLOADED.set(1 if self.overload.overloaded else 0)
                 if self.overload.overloaded:

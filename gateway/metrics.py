@@ -74,6 +74,10 @@ ENGINE_LAG = Gauge(
 ENGINE_OVERLOADED = Gauge(
     "ttg_engine_overloaded", "1 while new calls are refused because the engine is too far behind"
 )
+CALL_LIMIT = Gauge(
+    "ttg_call_limit",
+    "Streams the adaptive call limit admits now (opens while the engine keeps up; max_calls when off)",
+)
 MEDIA_WORKERS = Gauge("ttg_media_workers", "Media worker processes running (0 in single-process mode)")
 ENGINES_UP = Gauge(
     "ttg_engines_up",
@@ -133,6 +137,7 @@ CALL_RESULTS = (
     "admitted",
     "rejected_capacity",
     "rejected_overload",
+    "rejected_limit",
     "rejected_draining",
     "rejected_rate",
     "rejected_forbidden",

@@ -338,7 +338,7 @@ def gateway_rows() -> list[Row]:
 
 def asr_rows() -> list[Row]:
     bs = "ttg_encoder_batch_size"
-    refused = rate("ttg_calls_total", 'result="rejected_overload"')
+    refused = rate("ttg_calls_total", 'result=~"rejected_overload|rejected_limit"')
     return [
         Row(
             "Encoder (one batched step for all ready calls)",
@@ -410,7 +410,13 @@ def asr_rows() -> list[Row]:
                 ),
                 Panel(
                     "Active calls",
-                    [(f"sum(ttg_active_calls{SEL})", "calls"), (f"sum(ttg_active_streams{SEL})", "streams")],
+                    [
+                        (f"sum(ttg_active_calls{SEL})", "calls"),
+                        (f"sum(ttg_active_streams{SEL})", "streams"),
+                        (f"sum(ttg_call_limit{SEL})", "limit"),
+                    ],
+                    description="'limit': the streams the adaptive call limit admits now "
+                    "(TTG_SIP__CALL_LIMIT_LAG_MS)",
                 ),
                 Panel(
                     "Engine lag",
@@ -426,6 +432,7 @@ def asr_rows() -> list[Row]:
                     "Calls refused for engine overload",
                     [(f"sum({refused})", "refused/s")],
                     unit="cps",
+                    description="503: the engine too far behind, or the adaptive call limit reached",
                 ),
             ],
         ),

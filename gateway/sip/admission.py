@@ -14,6 +14,13 @@ largest over the last second or two), new INVITEs get 503 with a Retry-After of 
 until the lag is back under half the bound. Calls already admitted keep their audio: the point is to
 stop adding load before the engine's queues start dropping chunks of calls in progress.
 
+A guard fed by lag alone reacts too late to a ramp: every call offered while the lag builds and its
+hold runs is admitted (on the 2-core VM, 200 calls offered at 25 a second, twice its capacity, were all
+admitted, and their streams then dropped chunks: docs/benchmarks.md). So the streams the engine is
+trusted with are also limited (`ConcurrencyLimit`): the limit opens while the engine keeps up with the
+streams it has and closes when it falls behind — additive/multiplicative, as TCP's congestion window
+and request servers' concurrency limits — and a ramp is admitted at the pace the engine absorbs it.
+
 The rate limit is a token bucket per source IP (`invite_rate_per_s` sustained, `invite_burst` deep);
 idle buckets are forgotten so the table stays bounded under a spoofed-source flood. Every initial
 INVITE takes a token before it is authenticated, so a challenge (401) or a refusal (403) costs a
@@ -100,6 +107,57 @@ class OverloadGuard:
         return max(1, min(60, math.ceil(2 * self.lag_s)))
 
 
+class ConcurrencyLimit:
+    """How many streams the engine is trusted with (pure, fed with its lag and the streams up).
+
+    - The lag under `target_s` while the streams up use at least `busy` of the limit: the limit grows by
+      `growth` of itself a second (at least `min_step` streams a second). An unused limit does not grow:
+      it is only raised on evidence that the engine keeps up with about that many.
+    - The lag over `target_s`: the limit drops to `backoff` x the streams up, at most once per
+      `cooldown_s` (the lag answers a cut with a delay: it is the largest over the last second or two).
+    - Always within [`floor`, `ceiling`]; it starts at `floor`. `target_s` 0 turns it off (the limit is
+      the ceiling)."""
+
+    def __init__(
+        self,
+        target_s: float,
+        floor: int,
+        ceiling: int,
+        *,
+        growth: float = 0.1,
+        min_step: float = 2.0,
+        busy: float = 0.8,
+        backoff: float = 0.9,
+        cooldown_s: float = 2.0,
+    ) -> None:
+        self.target_s = target_s
+        self.floor = max(1, min(floor, ceiling))
+        self.ceiling = ceiling
+        self.growth, self.min_step, self.busy, self.backoff = growth, min_step, busy, backoff
+        self.cooldown_s = cooldown_s
+        self.value = float(self.floor if target_s > 0 else ceiling)
+        self._at: float | None = None  # the last update
+        self._cut_at = -math.inf
+
+    @property
+    def limit(self) -> int:
+        return int(self.value)
+
+    def update(self, lag_s: float, streams: int, now: float) -> None:
+        """The engine's latest lag and the streams up now."""
+        dt = 0.0 if self._at is None else max(0.0, now - self._at)
+        self._at = now
+        if self.target_s <= 0:
+            return
+        if lag_s > self.target_s:
+            if now - self._cut_at >= self.cooldown_s:
+                self.value = max(float(self.floor), min(self.value, self.backoff * streams))
+                self._cut_at = now
+        elif streams >= self.busy * self.value:
+            step = max(self.min_step, self.growth * self.value) * dt
+            self.value = min(float(self.ceiling), self.value + step)
+
+
 class Admission:
     def __init__(self, config: AdmissionConfig) -> None:
         self.config = config
@@ -111,6 +169,7 @@ class Admission:
         self._bans: OrderedDict[str, float] = OrderedDict()  # ip -> banned until
         self.draining = False
         self.overload: OverloadGuard | None = None  # set by whoever watches the engine
+        self.limit: ConcurrencyLimit | None = None  # likewise
 
     def source_allowed(self, ip: str) -> bool:
         try:
@@ -139,6 +198,8 @@ class Admission:
             return Decision(503, "Too Many Calls", cfg.retry_after_s, "rejected_capacity")
         if self.overload is not None and self.overload.overloaded:
             return Decision(503, "Transcription Overloaded", self.overload.retry_after_s, "rejected_overload")
+        if self.limit is not None and active_calls >= self.limit.limit:
+            return Decision(503, "Transcription At Its Limit", cfg.retry_after_s, "rejected_limit")
         return ADMIT
 
     # --- password guessing ---

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
 from typing import Any
 
-from tools.bench.gateway import _merge_reports
+from tools.bench.gateway import _daemon_env, _merge_reports, add_arguments
 
 
 def _report(folder: Path, utterances: list[dict[str, Any]]) -> Path:
@@ -47,3 +48,14 @@ def test_sentences_the_model_says_nothing_for_are_named_from_the_replay_report_a
     level = _merge_reports([folders[0], tmp_path / "r2"])
     assert level["ttf_p95_spoken_s"] == round(1.7, 3)  # 17 spoken, all with finals: the largest
     assert math.isclose(level["ttfp_p50_s"], 0.05)
+
+
+def test_a_level_measures_the_engine_with_the_adaptive_call_limit_off_unless_asked_for() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    plain = _daemon_env(parser.parse_args(["--levels", "10"]), max_calls=10)
+    assert plain["TTG_SIP__CALL_LIMIT_LAG_MS"] == "0" and plain["TTG_SIP__MAX_CALLS"] == "10"
+    asked = _daemon_env(
+        parser.parse_args(["--levels", "10", "--env", "TTG_SIP__CALL_LIMIT_LAG_MS=1000"]), max_calls=10
+    )
+    assert asked["TTG_SIP__CALL_LIMIT_LAG_MS"] == "1000"

@@ -7,8 +7,9 @@
 What it does, in order: starts a private redis-server (`--redis-server`, else the one on PATH) and
 `python -m gateway serve` from `--repo` (default: this checkout; another checkout measures another
 version with the same command), configured through TTG_* variables (`--env` adds or overrides
-them); waits for /readyz; then per level runs `ttg replay` (one process per `--calls-per-replay`
-calls, disjoint RTP ports, all started together) with N concurrent calls and N calls in all, while
+them; the adaptive call limit is off unless set); waits for /readyz; then per level runs `ttg replay`
+(one process per `--calls-per-replay` calls, disjoint RTP ports, all started together) with N
+concurrent calls and N calls in all, while
 a sampler records every second the CPU time of each process (the daemon and its children by
 command line, the replays, redis-server) and, where `nvidia-smi` exists, the GPU's utilisation.
 Between levels the gateway keeps running. At the end SIGTERM, and the daemon's exit status and
@@ -442,6 +443,10 @@ def _daemon_env(args: argparse.Namespace, max_calls: int) -> dict[str, str]:
             "TTG_REDIS__URL": f"redis://{args.host}:{args.redis_port}/0",
             "TTG_SINK__SPOOL_DIR": str(args.out / "spool"),
             "TTG_SIP__MAX_CALLS": str(max_calls),
+            # A level measures what the engine does with N calls: the adaptive call limit, which
+            # admits a ramp at the pace the engine absorbs it, would answer part of it 503. Off unless
+            # --env sets it (to measure the limit itself).
+            "TTG_SIP__CALL_LIMIT_LAG_MS": "0",
         }
     )
     for item in args.env:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.sip.admission import Admission, AdmissionConfig, OverloadGuard
+from gateway.sip.admission import Admission, AdmissionConfig, ConcurrencyLimit, OverloadGuard
 from gateway.sip.auth import AuthResult, DigestAuthenticator, DigestConfig, authorization_header
 from gateway.sip.dialog import TRANSITIONS, Dialog, DialogState, DialogStateError
 from gateway.sip.headers import Via, parse_credentials
@@ -219,3 +219,45 @@ def test_an_overloaded_engine_refuses_new_calls_with_503_and_a_retry_after_from_
     assert adm.admit_invite(5).retry_after_s == 60  # bounded
     adm.overload.update(0.1, now=3.0)
     assert adm.admit_invite(5).admitted
+
+
+def test_the_call_limit_opens_only_while_the_engine_keeps_up_with_the_streams_it_has() -> None:
+    limit = ConcurrencyLimit(target_s=1.0, floor=32, ceiling=1000)
+    assert limit.limit == 32  # it starts at the floor
+    limit.update(0.2, streams=0, now=0.0)
+    limit.update(0.2, streams=5, now=10.0)
+    assert limit.limit == 32  # an unused limit does not grow: no evidence the engine takes more
+    limit.update(0.2, streams=32, now=11.0)
+    assert limit.limit == 35  # in use and kept up with: +10 % a second (3.2 streams)
+    for t in range(12, 22):
+        limit.update(0.2, streams=limit.limit, now=float(t))
+    assert 85 <= limit.limit <= 95  # ~e^(0.1 t): a ramp is let in at the pace it is absorbed
+    assert limit.limit <= 1000
+
+
+def test_the_call_limit_is_cut_back_when_the_engine_falls_behind_and_holds_its_bounds() -> None:
+    limit = ConcurrencyLimit(target_s=1.0, floor=8, ceiling=100, cooldown_s=2.0)
+    limit.value = 90.0
+    limit.update(1.5, streams=80, now=0.0)
+    assert limit.limit == 72  # 0.9 x the streams up
+    limit.update(3.0, streams=80, now=1.0)
+    assert limit.limit == 72  # one cut per cooldown: the lag answers the first with a delay
+    limit.update(3.0, streams=75, now=2.0)
+    assert limit.limit == 67
+    for t in range(3, 40, 2):
+        limit.update(9.0, streams=0, now=float(t))
+    assert limit.limit == 8  # never below the floor
+    limit.value = 99.0
+    limit.update(0.0, streams=99, now=100.0)
+    assert limit.limit == 100  # nor above max_calls
+    off = ConcurrencyLimit(target_s=0.0, floor=8, ceiling=100)
+    off.update(50.0, streams=100, now=0.0)
+    assert off.limit == 100  # off: max_calls alone
+
+
+def test_calls_past_the_limit_get_503_with_the_configured_retry_after() -> None:
+    adm = Admission(AdmissionConfig(max_calls=100, retry_after_s=4))
+    adm.limit = ConcurrencyLimit(target_s=1.0, floor=10, ceiling=100)
+    assert adm.admit_invite(9).admitted
+    d = adm.admit_invite(10)
+    assert (d.status, d.label, d.retry_after_s) == (503, "rejected_limit", 4)
