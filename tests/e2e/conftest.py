@@ -125,7 +125,13 @@ class Serve:
         self.redis_url = redis_url
         self.spool_dir = spool_dir or self.workdir / "spool"
         self.mode = mode
-        self.extra_env = {"TTG_DAEMON__MEDIA_WORKERS": PROCESS_MODES[mode], **(env or {})}
+        # A gateway sized for the test's calls: the adaptive call limit starts at max_calls, so that a
+        # test's burst of calls is not refused before the limit has opened (its own spec sets it lower).
+        self.extra_env = {
+            "TTG_DAEMON__MEDIA_WORKERS": PROCESS_MODES[mode],
+            "TTG_SIP__CALL_LIMIT_START": str(max_calls),
+            **(env or {}),
+        }
         self.args = list(args)
         self.max_calls = max_calls
         self.sip_port = free_sip_port()

@@ -98,3 +98,40 @@ async def test_replay_of_twenty_concurrent_calls_against_the_daemon_reports_what
     assert (out / "latency_cdf.png").stat().st_size > 1000
     assert (out / "batch_size.png").stat().st_size > 1000
     assert gw.stop() == 0
+
+
+async def test_a_ramp_past_the_adaptive_call_limit_is_answered_503_and_the_admitted_calls_are_whole(
+    serve: Callable[..., Serve], tiny_bundle: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """A gateway whose call limit starts at 4 streams gets 12 calls in about a second: the limit opens by
+    at most 2 streams a second while it is used, so part of the ramp is refused with 503 + Retry-After
+    (counted as rejected_limit), and the calls it let in are transcribed whole."""
+    calls = 12
+    gw = serve(bundle=tiny_bundle, redis_url=redis_url, env={"TTG_SIP__CALL_LIMIT_START": "4"})
+    await asyncio.to_thread(gw.start)
+    assert gw.readyz()[1]["call_limit"] == 4
+    rtp_base = port_block(4 * calls + 2)
+    cfg = ReplayConfig(
+        target=("127.0.0.1", gw.sip_port),
+        generate=2,
+        audio_dir=tmp_path / "audio",
+        media=MediaConfig(lead_ms=200, tail_ms=1500),
+        load=LoadConfig(calls=calls, cps=12),
+        rtp_port_min=rtp_base,
+        rtp_port_max=rtp_base + 4 * calls,
+        redis_url=redis_url,
+        stream=STREAM,
+        drain_s=20.0,
+        call_id_prefix="limit",
+    )
+    rep = await run_replay_async(cfg)
+    s = rep.summary
+    assert s.rejected >= 1 and s.completed + s.rejected == calls and s.failed == 0, [
+        (c.outcome, c.detail) for c in rep.calls
+    ]
+    assert gw.metric("ttg_calls_total", result="rejected_limit") == s.rejected
+    assert gw.metric("ttg_calls_total", result="admitted") == s.completed
+    assert gw.metric("ttg_asr_chunks_dropped_total") == 0
+    assert s.calls_without_call_end == 0
+    assert all(c.finals for c in rep.calls if c.outcome == "completed")
+    assert gw.stop() == 0
