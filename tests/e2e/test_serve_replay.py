@@ -9,6 +9,7 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,28 +21,35 @@ pytestmark = [pytest.mark.sipp, pytest.mark.redis, pytest.mark.slow]
 CALLS = 20
 
 
+def _config(gw: Serve, tmp_path: Path, redis_url: str, *, calls: int, cps: float, **kw: Any) -> ReplayConfig:
+    """`calls` concurrent calls at `cps` against `gw`, of espeak-ng clips of two sentences each, 1.2 s
+    apart, with their references."""
+    rtp_base = port_block(4 * calls + 2)
+    return ReplayConfig(
+        target=("127.0.0.1", gw.sip_port),
+        audio_dir=tmp_path / "audio",
+        media=MediaConfig(lead_ms=200, tail_ms=1500),
+        load=LoadConfig(calls=calls, cps=cps),
+        rtp_port_min=rtp_base,
+        rtp_port_max=rtp_base + 4 * calls,
+        redis_url=redis_url,
+        stream=STREAM,
+        drain_s=20.0,
+        **kw,
+    )
+
+
 async def test_replay_of_twenty_concurrent_calls_against_the_daemon_reports_what_happened(
     serve: Callable[..., Serve], tiny_bundle: Path, redis_url: str, tmp_path: Path
 ) -> None:
     gw = serve(bundle=tiny_bundle, redis_url=redis_url)
     await asyncio.to_thread(gw.start)
-    rtp_base = port_block(4 * CALLS + 2)
     out = tmp_path / "report"
-    cfg = ReplayConfig(
-        target=("127.0.0.1", gw.sip_port),
-        generate=4,  # espeak-ng clips of two sentences each, 1.2 s apart, with their references
-        audio_dir=tmp_path / "audio",
-        media=MediaConfig(lead_ms=200, tail_ms=1500),
-        load=LoadConfig(calls=CALLS, cps=10),
-        rtp_port_min=rtp_base,
-        rtp_port_max=rtp_base + 4 * CALLS,
-        redis_url=redis_url,
-        stream=STREAM,
-        metrics_url=f"http://127.0.0.1:{gw.http_port}/metrics",
-        drain_s=20.0,
-        call_id_prefix="e2e",
-        out_dir=out,
-    )
+    metrics_url = f"http://127.0.0.1:{gw.http_port}/metrics"
+    cfg = _config(
+        gw, tmp_path, redis_url, calls=CALLS, cps=10, generate=4, metrics_url=metrics_url,
+        call_id_prefix="e2e", out_dir=out,
+    )  # fmt: skip
     rep = await run_replay_async(cfg)
     s = rep.summary
 
@@ -110,20 +118,7 @@ async def test_a_ramp_past_the_adaptive_call_limit_is_answered_503_and_the_admit
     gw = serve(bundle=tiny_bundle, redis_url=redis_url, env={"TTG_SIP__CALL_LIMIT_START": "4"})
     await asyncio.to_thread(gw.start)
     assert gw.readyz()[1]["call_limit"] == 4
-    rtp_base = port_block(4 * calls + 2)
-    cfg = ReplayConfig(
-        target=("127.0.0.1", gw.sip_port),
-        generate=2,
-        audio_dir=tmp_path / "audio",
-        media=MediaConfig(lead_ms=200, tail_ms=1500),
-        load=LoadConfig(calls=calls, cps=12),
-        rtp_port_min=rtp_base,
-        rtp_port_max=rtp_base + 4 * calls,
-        redis_url=redis_url,
-        stream=STREAM,
-        drain_s=20.0,
-        call_id_prefix="limit",
-    )
+    cfg = _config(gw, tmp_path, redis_url, calls=calls, cps=12, generate=2, call_id_prefix="limit")
     rep = await run_replay_async(cfg)
     s = rep.summary
     assert s.rejected >= 1 and s.completed + s.rejected == calls and s.failed == 0, [
