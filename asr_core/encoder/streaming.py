@@ -169,7 +169,7 @@ class StreamingEncoder:
         freqs = cfg.subsampling_freqs()
         H = cfg.num_attention_heads
         self._word, words = _words(self.dtype, D // H)  # per head's row; H times that per D values
-        # The slot (ring row) axis of each pool: `_POOL_SLOT_AXIS`; kv keeps the layer and (K|V, head)
+        # The slot (ring row) axis of each pool: `_slot_axis`; kv keeps the layer and (K|V, head)
         # planes in front of it, conv the layer axis.
         self._pools: list[mx.array] = [
             mx.zeros((L, 2 * H, 1, words), dtype=self._word),  # kv ring rows
@@ -226,7 +226,7 @@ class StreamingEncoder:
         self._flush_pending()
         add = capacity - self._capacity
         for i, pool in enumerate(self._pools):
-            axis = _POOL_SLOT_AXIS[min(i, 2)]
+            axis = _slot_axis(i)
             shape = list(pool.shape)
             shape[axis] = add * self._Lc if i == 0 else add
             self._pools[i] = mx.concatenate([pool, mx.zeros(shape, dtype=pool.dtype)], axis=axis)
@@ -238,12 +238,7 @@ class StreamingEncoder:
     def _flush_pending(self) -> None:
         # Each scatter consumes the previous pool array (refcount 1), so MLX updates it in place.
         for pool, idx, values in self._pending:
-            if pool == 0:
-                self._pools[pool][:, :, idx] = values
-            elif pool == 1:
-                self._pools[pool][:, idx] = values
-            else:
-                self._pools[pool][idx] = values
+            self._pools[pool][(slice(None),) * _slot_axis(pool) + (idx,)] = values
         self._pending.clear()
 
     # ---------------------------------------------------------------------------------------------
@@ -810,7 +805,10 @@ class _Uploads:
         return start
 
 
-_POOL_SLOT_AXIS = (2, 1, 0)  # the slot (ring row) axis of the kv pool, the conv pool, the others
+def _slot_axis(pool: int) -> int:
+    """The slot (ring row) axis of pool `pool`: 2 in the kv pool (after the layer and K|V-head planes),
+    1 in the conv pool (after the layer), 0 in the subsampling pools."""
+    return (2, 1)[pool] if pool < 2 else 0
 
 
 def _words(dtype: mx.Dtype, n: int) -> tuple[mx.Dtype, int]:
