@@ -439,13 +439,13 @@ def _attention(
         if parent is not None:
             blocks.insert(0, (mx.take(kv_new, parent, axis=2), rel[..., Lc - T : Lc]))
         blocks.insert(0, (kv_cache, rel[..., :Lc]))
-    scores = mx.concatenate([q_u @ kv[0].swapaxes(-1, -2) + r for kv, r in blocks], axis=-1) + mask
+    scores = mx.concatenate([q_u @ _at(kv, 0).swapaxes(-1, -2) + r for kv, r in blocks], axis=-1) + mask
     p = expmath.softmax(scores, array_exp)
     o, start = None, 0
     for kv, _ in blocks:
         n = kv.shape[3]
         weights = p[..., start : start + n]
-        o = weights @ kv[1] if o is None else mx.addmm(o, weights, kv[1])
+        o = weights @ _at(kv, 1) if o is None else mx.addmm(o, weights, _at(kv, 1))
         start += n
     assert o is not None
     return o.transpose(1, 2, 0, 3).reshape(B * T, D), kv_new
@@ -567,8 +567,8 @@ def encoder_stack(
     for n, lp in enumerate(p.layers):
         x, kv_new, conv_new = conformer_layer(
             x,
-            _layer(kv_cache, n),
-            _layer(conv_cache, n),
+            _at(kv_cache, n),
+            _at(conv_cache, n),
             mask,
             lp.pos_rev,
             shift,
@@ -604,8 +604,9 @@ def _continued(cache: mx.array, new: mx.array, ctx: mx.array) -> mx.array:
     return mx.take(context, ctx.reshape(-1), axis=0).reshape(B, C, W)
 
 
-def _layer(stacked: mx.array, n: int) -> mx.array:
-    # A view; `stacked[n]` would be a gather, i.e. a copy kernel per layer.
+def _at(stacked: mx.array, n: int) -> mx.array:
+    """`stacked[n]` as a view: MLX indexes with an integer through a gather, i.e. a copy kernel of the
+    whole plane (a layer's cache, the K or V half of one)."""
     return mx.squeeze(stacked[n : n + 1], 0)
 
 
