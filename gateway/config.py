@@ -157,8 +157,8 @@ class SipSettings(BaseModel):
         1000,
         ge=0,
         description="Engine lag the adaptive call limit steers by: the streams admitted may grow while the "
-        "lag stays under it and are cut back when it passes it, so a ramp of calls is admitted at the "
-        "pace the engine absorbs it (503 + Retry-After beyond); 0 = off (max_calls alone)",
+        "lag stays under half of it, hold up to it and are cut back past it, so a ramp of calls is "
+        "admitted at the pace the engine absorbs it (503 + Retry-After beyond); 0 = off (max_calls alone)",
     )
     call_limit_start: int = Field(
         32, ge=1, description="Streams the adaptive call limit starts from, and never goes below"

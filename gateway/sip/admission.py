@@ -110,11 +110,16 @@ class OverloadGuard:
 class ConcurrencyLimit:
     """How many streams the engine is trusted with (pure, fed with its lag and the streams up).
 
-    - The lag under `target_s` while the streams up use at least `busy` of the limit: the limit grows by
-      `growth` of itself a second (at least `min_step` streams a second). An unused limit does not grow:
-      it is only raised on evidence that the engine keeps up with about that many.
+    - The lag under `headroom` x `target_s` while the streams up use at least `busy` of the limit: the
+      limit grows by `growth` of itself a second (at least `min_step` streams a second). An unused limit
+      does not grow: it is only raised on evidence that the engine keeps up with about that many.
+    - The lag between that and `target_s`: the limit holds. The lag trails the streams that cause it
+      (it is the largest over the last second or two, and a queue takes a while to build), so a limit
+      that grew until the lag reached the target would have let in, meanwhile, the streams that take
+      it past the target (four engines on one GPU, a ramp to 2 000 at a 1 s target: 1 915 let in and
+      a TTF p95 of 3.6 s; docs/benchmarks.md).
     - The lag over `target_s`: the limit drops to `backoff` x the streams up, at most once per
-      `cooldown_s` (the lag answers a cut with a delay: it is the largest over the last second or two).
+      `cooldown_s` (the lag answers a cut with a delay too).
     - Always within [`floor`, `ceiling`]; it starts at `floor`. `target_s` 0 turns it off (the limit is
       the ceiling)."""
 
@@ -127,6 +132,7 @@ class ConcurrencyLimit:
         growth: float = 0.1,
         min_step: float = 2.0,
         busy: float = 0.8,
+        headroom: float = 0.5,
         backoff: float = 0.9,
         cooldown_s: float = 2.0,
     ) -> None:
@@ -134,6 +140,7 @@ class ConcurrencyLimit:
         self.floor = max(1, min(floor, ceiling))
         self.ceiling = ceiling
         self.growth, self.min_step, self.busy, self.backoff = growth, min_step, busy, backoff
+        self.headroom = headroom
         self.cooldown_s = cooldown_s
         self.value = float(self.floor if target_s > 0 else ceiling)
         self._at: float | None = None  # the last update
@@ -153,7 +160,7 @@ class ConcurrencyLimit:
             if now - self._cut_at >= self.cooldown_s:
                 self.value = max(float(self.floor), min(self.value, self.backoff * streams))
                 self._cut_at = now
-        elif streams >= self.busy * self.value:
+        elif lag_s < self.headroom * self.target_s and streams >= self.busy * self.value:
             step = max(self.min_step, self.growth * self.value) * dt
             self.value = min(float(self.ceiling), self.value + step)
 

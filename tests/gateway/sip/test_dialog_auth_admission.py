@@ -235,6 +235,17 @@ def test_the_call_limit_opens_only_while_the_engine_keeps_up_with_the_streams_it
     assert limit.limit <= 1000
 
 
+def test_the_call_limit_holds_while_the_lag_is_between_half_its_target_and_the_target() -> None:
+    # The lag trails the streams that cause it: growing until it reaches the target would let in,
+    # meanwhile, the streams that carry it past.
+    limit = ConcurrencyLimit(target_s=1.0, floor=100, ceiling=1000)
+    limit.update(0.6, streams=100, now=0.0)
+    limit.update(0.6, streams=100, now=5.0)
+    assert limit.limit == 100  # in use, but the lag is past half the target: hold
+    limit.update(0.4, streams=100, now=6.0)
+    assert limit.limit == 110  # back under half: it grows again
+
+
 def test_the_call_limit_is_cut_back_when_the_engine_falls_behind_and_holds_its_bounds() -> None:
     limit = ConcurrencyLimit(target_s=1.0, floor=8, ceiling=100, cooldown_s=2.0)
     limit.value = 90.0
