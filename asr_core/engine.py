@@ -259,16 +259,19 @@ class AsrEngine:
     def status(self) -> dict[str, float]:
         """How far behind the engine is: `lag_s` is the longest time, over the last second or two,
         from a chunk's audio arriving to its chunk being decoded (the delay every transcript carries);
-        `queued_chunks` waits for the encoder; `max_wait_ms` is the scheduler's current batching wait."""
+        `queued_chunks` waits for the encoder; `load` is the encoder's utilisation by the rows coming in
+        (`EncoderScheduler.load`); `max_wait_ms` is the scheduler's current batching wait."""
         now = self._clock()
         with self._lock:
             queued = self._sched.total_queued()
             streams = len(self._streams)
             wait = self._sched.max_wait_s
+            load = self._sched.load(now)
         return {
             "active_streams": streams,
             "queued_chunks": queued,
             "lag_s": max((w.lag.value(now) for w in self._workers), default=0.0),
+            "load": round(load, 3),
             "max_wait_ms": 1000 * wait,
             "failed": self._failure is not None,
         }

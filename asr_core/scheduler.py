@@ -177,6 +177,39 @@ class StepCost:
         return self.fit()[0]
 
 
+class RecentRate:
+    """Events a second over the last one to two `window_s` (two buckets: the last full one and the
+    current one, each with its true span). Pure: `now` given."""
+
+    def __init__(self, window_s: float = 1.0) -> None:
+        self.window_s = window_s
+        self._start: float | None = None
+        self._current = 0
+        self._previous = 0
+        self._previous_span = 0.0
+
+    def add(self, now: float, n: int = 1) -> None:
+        self._roll(now)
+        self._current += n
+
+    def per_s(self, now: float) -> float:
+        self._roll(now)
+        if self._start is None:
+            return 0.0
+        span = self._previous_span + (now - self._start)
+        return (self._previous + self._current) / span if span > 0.0 else 0.0
+
+    def _roll(self, now: float) -> None:
+        if self._start is None:
+            self._start = now
+        elif now - self._start >= self.window_s:
+            span = now - self._start
+            fresh = span < 2 * self.window_s  # else the bucket is stale: nothing came for a while
+            self._previous, self._previous_span = (self._current, span) if fresh else (0, 0.0)
+            self._current = 0
+            self._start = now
+
+
 @dataclass(slots=True)
 class _Queued(Generic[P]):
     seq: int
@@ -221,6 +254,7 @@ class EncoderScheduler(Generic[P]):
         # Until the first step is measured, the adaptive policy waits nothing (it cannot know better).
         self._max_wait_s = self._wait_cap_s if config.wait_policy == "fixed" else 0.0
         self.cost = StepCost()
+        self._arrivals = RecentRate()  # rows pushed (chunks and flushes): the demand on the encoder
         # Kept up to date by _refresh(), so that a push costs O(1) whatever the number of streams.
         self._ready: dict[int, _Stream[P]] = {}  # could go into the next step now
         self._urgent: set[int] = set()  # ready, with a flush queued (rule 2: step without waiting)
@@ -254,6 +288,7 @@ class EncoderScheduler(Generic[P]):
         if flush and is_last:
             raise ValueError("a flush is never the last chunk")
         s.queue.append(_Queued(seq=s.next_seq, payload=payload, is_last=is_last, arrived_at=now, flush=flush))
+        self._arrivals.add(now)
         if not flush:
             s.next_seq += 1
         if is_last:
@@ -371,6 +406,15 @@ class EncoderScheduler(Generic[P]):
         self.cost.add(rows, seconds)
         if self.config.wait_policy == "adaptive":
             self._max_wait_s = min(self._wait_cap_s, WAIT_PER_FIXED_COST * self.cost.fixed_s())
+
+    def load(self, now: float) -> float:
+        """The encoder's utilisation by the rows pushed now: rows a second x the fitted seconds each
+        row adds to a step (`StepCost`'s b). Under 1 the encoder keeps up by stepping bigger batches
+        (the fixed cost a is shared); as it nears 1 a step's time, and every chunk's delay, grows
+        without bound (back to back, a step of B rows takes a / (1 - load)). It rises with the
+        streams admitted before the queues and the lag do, which trail them; 0 before the slope is
+        known (the first steps, or steps of a near-constant size)."""
+        return self._arrivals.per_s(now) * self.cost.fit()[1]
 
     @property
     def max_wait_s(self) -> float:

@@ -160,6 +160,13 @@ class SipSettings(BaseModel):
         "lag stays under half of it, hold up to it and are cut back past it, so a ramp of calls is "
         "admitted at the pace the engine absorbs it (503 + Retry-After beyond); 0 = off (max_calls alone)",
     )
+    call_limit_load: float = Field(
+        0.8,
+        ge=0,
+        description="ASR encoder utilisation (rows coming in x each row's measured step cost) at which the "
+        "adaptive call limit stops growing: it rises with the streams as they come, before the lag does; "
+        "0 = the lag alone",
+    )
     call_limit_start: int = Field(
         32, ge=1, description="Streams the adaptive call limit starts from, and never goes below"
     )

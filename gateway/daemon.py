@@ -521,6 +521,7 @@ class Daemon:
 
         self.overload = OverloadGuard(settings.sip.max_engine_lag_ms / 1000)
         self.call_limit: ConcurrencyLimit | None = None  # once admission's max_calls is known (`_start`)
+        self.engine_load = 0.0  # the engines' latest utilisation (`EncoderScheduler.load`)
 
     # --- control ---
 
@@ -640,7 +641,9 @@ class Daemon:
         admission = self.frontend.agent.admission
         admission.overload = self.overload
         ceiling = admission.config.max_calls
-        limit = ConcurrencyLimit(s.sip.call_limit_lag_ms / 1000, s.sip.call_limit_start, ceiling)
+        limit = ConcurrencyLimit(
+            s.sip.call_limit_lag_ms / 1000, s.sip.call_limit_start, ceiling, max_load=s.sip.call_limit_load
+        )
         admission.limit = self.call_limit = limit
         try:
             await self.frontend.start()
@@ -650,6 +653,7 @@ class Daemon:
             ) from None
         self.readiness.details["active_calls"] = lambda: self.frontend.active_calls
         self.readiness.details["engine_lag_s"] = lambda: round(self.overload.lag_s, 3)
+        self.readiness.details["engine_load"] = lambda: round(self.engine_load, 3)
         self.readiness.details["call_limit"] = lambda: limit.limit
         if self.pool is not None:
             self.readiness.details["media_workers"] = lambda: self.pool.alive
@@ -915,10 +919,12 @@ class Daemon:
                 status = self.engine.status()
             else:
                 continue
-            lag = float(status.get("lag_s", 0.0))
+            lag, self.engine_load = float(status.get("lag_s", 0.0)), float(status.get("load", 0.0))
             metrics.ENGINE_LAG.set(lag)
+            metrics.ENGINE_LOAD.set(self.engine_load)
             if self.frontend is not None and self.call_limit is not None:
-                self.call_limit.update(lag, self.frontend.agent.active_streams, time.monotonic())
+                streams = self.frontend.agent.active_streams
+                self.call_limit.update(lag, streams, time.monotonic(), self.engine_load)
                 metrics.CALL_LIMIT.set(self.call_limit.limit)
             if self.overload.update(lag, time.monotonic()):
                 metrics.ENGINE_OVERLOADED.set(1 if self.overload.overloaded else 0)

@@ -74,6 +74,11 @@ ENGINE_LAG = Gauge(
 ENGINE_OVERLOADED = Gauge(
     "ttg_engine_overloaded", "1 while new calls are refused because the engine is too far behind"
 )
+ENGINE_LOAD = Gauge(
+    "ttg_engine_load",
+    "ASR encoder utilisation by the rows coming in (rows/s x each row's fitted step cost; the most loaded "
+    "engine): near 1 the step time grows without bound",
+)
 CALL_LIMIT = Gauge(
     "ttg_call_limit",
     "Streams the adaptive call limit admits now (opens while the engine keeps up; max_calls when off)",

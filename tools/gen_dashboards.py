@@ -423,10 +423,13 @@ def asr_rows() -> list[Row]:
                     [
                         (f"max(ttg_engine_lag_seconds{SEL})", "lag"),
                         (f"max(ttg_engine_overloaded{SEL})", "refusing"),
+                        (f"max(ttg_engine_load{SEL})", "load"),
                     ],
                     unit="s",
                     description="Longest recent delay from a chunk's audio to its decoding; past "
-                    "TTG_SIP__MAX_ENGINE_LAG_MS new calls get 503 ('refusing' = 1)",
+                    "TTG_SIP__MAX_ENGINE_LAG_MS new calls get 503 ('refusing' = 1). 'load': the encoder's "
+                    "utilisation by the rows coming in (1 = its capacity); the call limit stops growing "
+                    "at TTG_SIP__CALL_LIMIT_LOAD",
                 ),
                 Panel(
                     "Calls refused for engine overload",

@@ -18,8 +18,9 @@ A guard fed by lag alone reacts too late to a ramp: every call offered while the
 hold runs is admitted (on the 2-core VM, 200 calls offered at 25 a second, twice its capacity, were all
 admitted, and their streams then dropped chunks: docs/benchmarks.md). So the streams the engine is
 trusted with are also limited (`ConcurrencyLimit`): the limit opens while the engine keeps up with the
-streams it has and closes when it falls behind — additive/multiplicative, as TCP's congestion window
-and request servers' concurrency limits — and a ramp is admitted at the pace the engine absorbs it.
+streams it has and its load leaves room, and closes when it falls behind — additive/multiplicative, as
+TCP's congestion window and request servers' concurrency limits — and a ramp is admitted at the pace the
+engine absorbs it.
 
 The rate limit is a token bucket per source IP (`invite_rate_per_s` sustained, `invite_burst` deep);
 idle buckets are forgotten so the table stays bounded under a spoofed-source flood. Every initial
@@ -113,6 +114,12 @@ class ConcurrencyLimit:
     - The lag under `headroom` x `target_s` while the streams up use at least `busy` of the limit: the
       limit grows by `growth` of itself a second (at least `min_step` streams a second). An unused limit
       does not grow: it is only raised on evidence that the engine keeps up with about that many.
+    - Nor while the engine's `load` (its utilisation by the rows coming in, `EncoderScheduler.load`)
+      is at `max_load` or more: the load rises with the streams as they are admitted, where the lag
+      shows an engine past its capacity only after the queues have grown, and an engine that takes
+      each stream for minutes cannot shed the excess it let in (2-core VM, 160 calls offered at 4 a
+      second: 105–114 admitted where ~90 fit, 800–1 200 chunks dropped; docs/benchmarks.md).
+      `max_load` 0: the lag alone.
     - The lag between that and `target_s`: the limit holds. The lag trails the streams that cause it
       (it is the largest over the last second or two, and a queue takes a while to build), so a limit
       that grew until the lag reached the target would have let in, meanwhile, the streams that take
@@ -133,6 +140,7 @@ class ConcurrencyLimit:
         min_step: float = 2.0,
         busy: float = 0.8,
         headroom: float = 0.5,
+        max_load: float = 0.0,
         backoff: float = 0.9,
         cooldown_s: float = 2.0,
     ) -> None:
@@ -140,7 +148,7 @@ class ConcurrencyLimit:
         self.floor = max(1, min(floor, ceiling))
         self.ceiling = ceiling
         self.growth, self.min_step, self.busy, self.backoff = growth, min_step, busy, backoff
-        self.headroom = headroom
+        self.headroom, self.max_load = headroom, max_load
         self.cooldown_s = cooldown_s
         self.value = float(self.floor if target_s > 0 else ceiling)
         self._at: float | None = None  # the last update
@@ -150,8 +158,8 @@ class ConcurrencyLimit:
     def limit(self) -> int:
         return int(self.value)
 
-    def update(self, lag_s: float, streams: int, now: float) -> None:
-        """The engine's latest lag and the streams up now."""
+    def update(self, lag_s: float, streams: int, now: float, load: float = 0.0) -> None:
+        """The engine's latest lag and load, and the streams up now."""
         dt = 0.0 if self._at is None else max(0.0, now - self._at)
         self._at = now
         if self.target_s <= 0:
@@ -160,7 +168,11 @@ class ConcurrencyLimit:
             if now - self._cut_at >= self.cooldown_s:
                 self.value = max(float(self.floor), min(self.value, self.backoff * streams))
                 self._cut_at = now
-        elif lag_s < self.headroom * self.target_s and streams >= self.busy * self.value:
+        elif (
+            lag_s < self.headroom * self.target_s
+            and (self.max_load <= 0 or load < self.max_load)
+            and streams >= self.busy * self.value
+        ):
             step = max(self.min_step, self.growth * self.value) * dt
             self.value = min(float(self.ceiling), self.value + step)
 

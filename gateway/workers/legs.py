@@ -194,7 +194,8 @@ class WorkerLegs:
 
     @property
     def status(self) -> dict[str, Any]:
-        """The engines' last STATUS records as one: the largest lag and batching wait, summed counts."""
+        """The engines' last STATUS records as one: the largest lag, load and batching wait, summed
+        counts."""
         parts = list(self._status.values())
         if len(parts) <= 1:
             return dict(parts[0]) if parts else {}
@@ -202,6 +203,7 @@ class WorkerLegs:
             "active_streams": sum(p.get("active_streams", 0) for p in parts),
             "queued_chunks": sum(p.get("queued_chunks", 0) for p in parts),
             "lag_s": max(p.get("lag_s", 0.0) for p in parts),
+            "load": max(p.get("load", 0.0) for p in parts),
             "max_wait_ms": max(p.get("max_wait_ms", 0.0) for p in parts),
             "failed": any(p.get("failed", False) for p in parts),
         }

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from asr_core.config import SchedulerConfig
-from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepCost, StepPlan, StreamPhase
+from asr_core.scheduler import EncodedChunk, EncoderScheduler, RecentRate, StepCost, StepPlan, StreamPhase
 
 
 def make_scheduler(**kw: object) -> EncoderScheduler[str]:
@@ -368,6 +368,31 @@ def test_step_cost_counts_the_whole_step_as_fixed_when_the_batch_never_varies() 
         c.add(4, t)
     a, b = c.fit()
     assert b == 0.0 and 0.010 < a < 0.012
+
+
+def test_recent_rate_counts_the_last_one_to_two_windows_and_forgets_a_quiet_spell() -> None:
+    r = RecentRate(window_s=1.0)
+    assert r.per_s(0.0) == 0.0
+    for i in range(30):
+        r.add(i / 20)  # 20 a second for 1.5 s
+    assert r.per_s(1.5) == pytest.approx(20.0, rel=0.05)
+    assert r.per_s(4.0) == 0.0  # nothing for over two windows: no rate from old events
+
+
+def test_load_is_the_rows_coming_in_times_what_each_row_adds_to_a_step() -> None:
+    # 100 streams pushing a chunk every 320 ms: 312.5 rows a second; each row adds 2 ms to a step
+    # (a GPU-like 20 ms fixed cost is shared): the encoder is 62.5 % loaded.
+    s = with_streams(*range(100), max_batch=512, max_queued_chunks=16, max_undecoded_chunks=16)
+    assert s.load(0.0) == 0.0  # no step measured yet: nothing known
+    for rows in (10, 50, 100, 30, 80) * 4:
+        s.observe_step(rows, 0.020 + 0.002 * rows)
+    now = 0.0
+    while now < 2.0:
+        for k in range(100):
+            s.push_chunk(k, "c", now + k * 0.0032)
+        run(s, now + 0.32)
+        now += 0.32
+    assert s.load(now) == pytest.approx(0.625, rel=0.05)
 
 
 def test_adaptive_wait_is_three_fixed_costs_capped_by_max_wait() -> None:

@@ -22,17 +22,26 @@ def test_worker_i_feeds_engine_i_mod_n() -> None:
     assert worker_chunk_ends(ends) == [("e0", 0), ("e1", 0), ("e0", 1), ("e1", 1), ("e0", 2)]
 
 
-def test_the_engines_status_is_the_worst_lag_and_the_summed_counts() -> None:
+def test_the_engines_status_is_the_worst_lag_and_load_and_the_summed_counts() -> None:
     legs = WorkerLegs(_Pool(), spec=None, hooks=None)  # type: ignore[arg-type]
     assert legs.status == {}
-    one = {"active_streams": 3, "queued_chunks": 1, "lag_s": 0.2, "max_wait_ms": 30.0, "failed": False}
+    one = {
+        "active_streams": 3,
+        "queued_chunks": 1,
+        "lag_s": 0.2,
+        "load": 0.7,
+        "max_wait_ms": 30.0,
+        "failed": False,
+    }
     legs.on_results([Status(one)], engine=0)
     assert legs.status == one
-    legs.on_results([Status({**one, "lag_s": 1.5, "active_streams": 4, "max_wait_ms": 10.0})], engine=1)
+    two = {**one, "lag_s": 1.5, "load": 0.4, "active_streams": 4, "max_wait_ms": 10.0}
+    legs.on_results([Status(two)], engine=1)
     assert legs.status == {
         "active_streams": 7,
         "queued_chunks": 2,
         "lag_s": 1.5,
+        "load": 0.7,
         "max_wait_ms": 30.0,
         "failed": False,
     }

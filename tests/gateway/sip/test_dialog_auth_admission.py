@@ -246,6 +246,22 @@ def test_the_call_limit_holds_while_the_lag_is_between_half_its_target_and_the_t
     assert limit.limit == 110  # back under half: it grows again
 
 
+def test_the_call_limit_stops_growing_as_the_engine_nears_its_capacity_before_the_lag_shows_it() -> None:
+    # The load rises with the streams as they come; the lag only once the queues have grown, and the
+    # streams let in meanwhile stay for their calls' length.
+    limit = ConcurrencyLimit(target_s=1.0, floor=60, ceiling=1000, max_load=0.8)
+    limit.update(0.1, streams=60, now=0.0, load=0.7)
+    limit.update(0.1, streams=60, now=1.0, load=0.7)
+    assert limit.limit == 66  # under the load bound: it grows
+    limit.update(0.1, streams=66, now=2.0, load=0.85)
+    limit.update(0.1, streams=66, now=5.0, load=0.85)
+    assert limit.limit == 66  # the lag is still low, but the engine is near its capacity: hold
+    off = ConcurrencyLimit(target_s=1.0, floor=60, ceiling=1000, max_load=0.0)
+    off.update(0.1, streams=60, now=0.0, load=5.0)
+    off.update(0.1, streams=60, now=1.0, load=5.0)
+    assert off.limit == 66  # max_load 0: the lag alone
+
+
 def test_the_call_limit_is_cut_back_when_the_engine_falls_behind_and_holds_its_bounds() -> None:
     limit = ConcurrencyLimit(target_s=1.0, floor=8, ceiling=100, cooldown_s=2.0)
     limit.value = 90.0
