@@ -425,6 +425,8 @@ class AsrEngine:
         try:
             self._encoder = self.model.create_encoder()
             self._max_streams = getattr(self._encoder, "max_streams", None)
+            with self._lock:  # the rows a flush runs as, so that a step stays within max_batch rows
+                self._sched.flush_rows = int(getattr(self._encoder, "rows_per_flush", 1))
             # On a GPU the step is mx.compile'd per batch bucket: trace them all now (seconds) so
             # that no live step pays for it; on an x86-64 CPU, build the fused sigmoid and softmax.
             warmup = getattr(self._encoder, "warmup", None)

@@ -320,6 +320,10 @@ class _EncoderAdapter:
         )
 
     @property
+    def rows_per_flush(self) -> int:
+        return int(self._encoder.rows_per_flush)
+
+    @property
     def max_streams(self) -> int | None:
         """The most streams the encoder's device pools may hold (None: no limit)."""
         limit = self._encoder.max_streams

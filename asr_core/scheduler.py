@@ -19,8 +19,10 @@ Invariants
    ready chunk (waiting cannot make the batch bigger), when a ready stream has a flush queued (its
    caller stopped speaking and waits for the final: a batching wait would add straight to the time
    to final), or when the oldest ready chunk has waited `max_wait_ms`. Rows are taken oldest first
-   (by the arrival of each stream's next chunk; ties in join order), at most `max_batch` per step;
-   the rest keep their place and go first next time.
+   (by the arrival of each stream's next chunk; ties in join order), at most `max_batch` rows per
+   step as the encoder runs them (a flush counts `flush_rows`: the encoder may run one as several
+   rows, and a step past the batch sizes it was compiled for would run uncompiled); the rest keep
+   their place and go first next time.
 3. A stream has at most `max_undecoded_chunks` chunks handed to the encoder and not yet decoded. A
    slow decoder thus backs up into the encoder queue, which is the one place where overload shows.
 4. Backpressure: a stream holds at most `max_queued_chunks` chunks. A push beyond that drops the
@@ -255,6 +257,7 @@ class EncoderScheduler(Generic[P]):
         self._max_wait_s = self._wait_cap_s if config.wait_policy == "fixed" else 0.0
         self.cost = StepCost()
         self._arrivals = RecentRate()  # rows pushed (chunks and flushes): the demand on the encoder
+        self.flush_rows = 1  # rows the encoder runs a flush as (set by its owner; invariant 2)
         # Kept up to date by _refresh(), so that a push costs O(1) whatever the number of streams.
         self._ready: dict[int, _Stream[P]] = {}  # could go into the next step now
         self._urgent: set[int] = set()  # ready, with a flush queued (rule 2: step without waiting)
@@ -338,7 +341,12 @@ class EncoderScheduler(Generic[P]):
         rows: list[StepRow[P]] = []
         joined: list[StreamJoined] = []
         if self._ready and self._due(now):
-            for s in self._ready_sorted()[: self.config.max_batch]:
+            room = self.config.max_batch
+            for s in self._ready_sorted():
+                cost = self.flush_rows if s.queue[0].flush else 1
+                if rows and cost > room:
+                    break  # oldest first: what is behind it waits its turn too
+                room -= cost
                 q = s.queue.popleft()
                 s.in_flight = q
                 s.undecoded += 1
@@ -357,6 +365,8 @@ class EncoderScheduler(Generic[P]):
                         flush=q.flush,
                     )
                 )
+                if room <= 0:
+                    break
         self.needs_wake = False
         if not rows and not left:
             return None

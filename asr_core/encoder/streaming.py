@@ -555,6 +555,14 @@ class StreamingEncoder:
         self.calls["untraced"] += 1
         return False
 
+    @property
+    def rows_per_flush(self) -> int:
+        """The most rows a flush runs as: a flush of a later chunk and its padding chunk is split into
+        two rows of the regular call (`_chain_flushes`). The engine's scheduler counts a flush so, or
+        a step of `max_batch` planned rows could need a batch size the warm-up never compiled."""
+        lookaheads = self.cfg.supported_lookaheads
+        return 1 + max(flush_extra_chunks(la, lookaheads) for la in lookaheads)
+
     def warmup(self, lookahead: int, max_batch: int) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (first and later chunks,
         and a first chunk's flush) so that no live step pays for it; returns the number of buckets. A no-op
@@ -568,7 +576,8 @@ class StreamingEncoder:
             return 0
         self._tracing = set() if self._traced is None else set(self._traced)
         self._traced = None
-        buckets = sorted({self._bucket(b) for b in range(1, max_batch + 1)})
+        # A single flush is planned alone whatever its rows (the scheduler's `flush_rows`).
+        buckets = sorted({self._bucket(b) for b in range(1, max(max_batch, self.rows_per_flush) + 1)})
         n_mels = self.cfg.n_mels
         extra = flush_extra_chunks(lookahead, self.cfg.supported_lookaheads)
         for B in buckets:

@@ -490,6 +490,27 @@ def test_a_flush_steps_at_once_with_whatever_else_is_ready() -> None:
     assert [r.flush for r in plan.rows] == [False, True]
 
 
+def test_a_flush_counts_the_rows_the_encoder_runs_it_as_toward_max_batch() -> None:
+    """A flush of a later chunk runs as two rows: a step of max_batch planned rows with flushes in
+    it would need a batch size the encoder was never compiled for."""
+    s = with_streams(1, 2, 3, 4, max_batch=4)
+    s.flush_rows = 2
+    s.push_chunk(1, "a", now=1.000)
+    s.push_chunk(2, "flush", now=1.001, flush=True)
+    s.push_chunk(3, "c", now=1.002)
+    s.push_chunk(4, "d", now=1.003)
+    plan = s.schedule(1.010)
+    assert plan is not None and keys(plan) == [(1, 0), (2, 0), (3, 0)]  # 1 + 2 + 1 rows
+    s.update_from_output(plan, fake_frames(plan), 1.011)
+    plan = s.schedule(1.100)
+    assert plan is not None and keys(plan) == [(4, 0)]  # the rest goes first next time
+    lone = with_streams(1, max_batch=1)
+    lone.flush_rows = 2
+    lone.push_chunk(1, "flush", now=0.0, flush=True)
+    plan = lone.schedule(0.0)
+    assert plan is not None and keys(plan) == [(1, 0)]  # a flush alone is planned whatever it costs
+
+
 def test_a_flush_behind_a_chunk_in_flight_steps_as_soon_as_the_stream_is_ready_again() -> None:
     s = with_streams(1, 2, 3, max_wait_ms=50.0)
     s.push_chunk(1, "a", now=1.000)
