@@ -109,7 +109,7 @@ class OverloadGuard:
 
 
 class ConcurrencyLimit:
-    """How many streams the engine is trusted with (pure, fed with its lag and the streams up).
+    """How many streams the engine is trusted with (pure, fed with its lag, its load and the streams up).
 
     - The lag under `headroom` x `target_s` while the streams up use at least `busy` of the limit: the
       limit grows by `growth` of itself a second (at least `min_step` streams a second). An unused limit
@@ -117,14 +117,12 @@ class ConcurrencyLimit:
     - Nor while the engine's `load` (its utilisation by the rows coming in, `EncoderScheduler.load`)
       is at `max_load` or more: the load rises with the streams as they are admitted, where the lag
       shows an engine past its capacity only after the queues have grown, and an engine that takes
-      each stream for minutes cannot shed the excess it let in (2-core VM, 160 calls offered at 4 a
-      second: 105–114 admitted where ~90 fit, 800–1 200 chunks dropped; docs/benchmarks.md).
-      `max_load` 0: the lag alone.
+      each stream for minutes cannot shed the excess it let in (docs/benchmarks.md, "A slower ramp
+      past capacity"). `max_load` 0: the lag alone.
     - The lag between that and `target_s`: the limit holds. The lag trails the streams that cause it
       (it is the largest over the last second or two, and a queue takes a while to build), so a limit
       that grew until the lag reached the target would have let in, meanwhile, the streams that take
-      it past the target (four engines on one GPU, a ramp to 2 000 at a 1 s target: 1 915 let in and
-      a TTF p95 of 3.6 s; docs/benchmarks.md).
+      it past the target.
     - The lag over `target_s`: the limit drops to `backoff` x the streams up, at most once per
       `cooldown_s` (the lag answers a cut with a delay too).
     - Always within [`floor`, `ceiling`]; it starts at `floor`. `target_s` 0 turns it off (the limit is
