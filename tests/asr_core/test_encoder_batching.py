@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from asr_core.bundle import Bundle, load_bundle
+from asr_core.config import SchedulerConfig
 from asr_core.encoder import (
     ChunkInput,
     StreamingEncoder,
@@ -17,6 +18,7 @@ from asr_core.encoder import (
     first_chunk_frames,
     offline_frames,
 )
+from asr_core.scheduler import EncoderScheduler
 
 TOL = 1e-5
 
@@ -235,6 +237,52 @@ def test_after_warmup_a_shape_it_did_not_trace_runs_uncompiled_with_the_same_fra
     cold = make(bundle, compile=True)
     solo(cold, mel, 0, 0)
     assert cold.calls["untraced"] == 0  # without a warmup every shape is traced as it comes
+
+
+def test_the_steps_the_scheduler_plans_stay_within_the_batch_sizes_compiled(bundle: Bundle) -> None:
+    """The encoder runs a later chunk's flush as two rows (the chunk and its padding chunk), so a step
+    of max_batch planned rows with flushes in it would need a batch size the warm-up did not compile
+    and run uncompiled, when the engine is busiest. The scheduler counts a flush as the encoder's
+    `rows_per_flush` rows, so every step it plans runs compiled."""
+    enc = make(bundle, compile=True)
+    enc.warmup(3, 4)  # batch sizes 1, 2 and 4
+    assert enc.rows_per_flush == 2
+    rng = np.random.default_rng(6)
+    first, later = first_chunk_frames(3), chunk_frames(3)
+
+    def mel(n: int) -> np.ndarray:
+        return rng.standard_normal((n, 128), dtype=np.float32)
+
+    slots = [enc.alloc(0, 3) for _ in range(4)]
+    enc.step([ChunkInput(s, mel(first)) for s in slots])
+    crowded = [ChunkInput(s, mel(2 * later), flush=True) for s in slots[:2]]
+    enc.step(crowded + [ChunkInput(s, mel(later)) for s in slots[2:]])
+    assert enc.calls["untraced"] > 0  # four planned rows ran as six: a size never compiled
+
+    enc = make(bundle, compile=True)
+    enc.warmup(3, 4)
+    sched: EncoderScheduler[ChunkInput] = EncoderScheduler(SchedulerConfig(max_batch=4, max_wait_ms=0.0))
+    sched.flush_rows = enc.rows_per_flush
+    slots = [enc.alloc(0, 3) for _ in range(4)]
+    for k, slot in enumerate(slots):
+        sched.add_stream(k, prompt_id=0, lookahead=3)
+        sched.push_chunk(k, ChunkInput(slot, mel(first)), now=0.0)
+    for k, slot in enumerate(slots):
+        if k < 2:
+            sched.push_chunk(k, ChunkInput(slot, mel(2 * later), flush=True), now=0.0, flush=True)
+        sched.push_chunk(k, ChunkInput(slot, mel(later)), now=0.0)
+    planned = []
+    while (plan := sched.schedule(1.0)) is not None:
+        frames = enc.step([r.payload for r in plan.rows])
+        for chunk in sched.update_from_output(plan, frames, 1.0):
+            sched.chunk_decoded(chunk.key)
+        planned.append([(r.key, r.flush) for r in plan.rows])
+    assert planned == [
+        [(0, False), (1, False), (2, False), (3, False)],  # the first chunks
+        [(0, True), (1, True)],  # two flushes: four rows
+        [(0, False), (1, False), (2, False), (3, False)],  # the later chunks
+    ]
+    assert enc.calls["untraced"] == 0
 
 
 def test_short_last_chunks_share_the_regular_stack_call_with_the_same_frames(bundle: Bundle) -> None:
