@@ -156,6 +156,9 @@ class MediaWorker:
             return
         stats = leg.media.close() if leg.media is not None else None  # last audio into the front end
         leg.media = None
+        # The leg's last counts first: the main process publishes call_end once it has "closed", and
+        # /metrics should have counted that call's packets by then, not up to a period later.
+        self.send_metrics()
         self.send({"op": "closed", "leg": name, "stats": None if stats is None else stats_to_json(stats),
                    "audio_ms": leg.front.audio_ms})  # fmt: skip
         if leg.finished:
@@ -190,10 +193,15 @@ class MediaWorker:
             self._abort(name)
         self.sender.flush()
 
+    def send_metrics(self, streams: int | None = None) -> None:
+        """The counters' increments since the last report, and the RTP streams up (`streams` if given)."""
+        up = self.manager.streams if streams is None else streams
+        self.send({"op": "metrics", "counters": self._deltas.take(), "streams": up})
+
     async def metrics_loop(self) -> None:
         while True:
             await asyncio.sleep(METRICS_PERIOD_S)
-            self.send({"op": "metrics", "counters": self._deltas.take(), "streams": self.manager.streams})
+            self.send_metrics()
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -227,7 +235,7 @@ async def _serve(args: argparse.Namespace) -> int:
     finally:
         metrics.cancel()
         worker.abort_all()
-        worker.send({"op": "metrics", "counters": worker._deltas.take(), "streams": 0})
+        worker.send_metrics(streams=0)
         with contextlib.suppress(ConnectionError):
             await writer.drain()
         writer.close()
