@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from asr_core import hostcopy
 from asr_core.api import StreamEnded, TranscriptEvent
 from asr_core.frontend import ChunkPayload
 
@@ -143,8 +144,8 @@ def decode_input(kind: int, view: memoryview) -> Open | Chunk | Finish | Close:
             at = _CHUNK.size
             if at + 4 * (n * m + e) != len(view):
                 raise WireError(f"chunk record of {len(view)} bytes for {n}x{m} + {e} floats")
-            mel = np.frombuffer(view, _F32, n * m, at).reshape(n, m).copy()
-            energies = np.frombuffer(view, _F32, e, at + 4 * n * m).copy()
+            mel = hostcopy.floats(view, at, n * m).reshape(n, m)
+            energies = hostcopy.floats(view, at + 4 * n * m, e)
             payload = ChunkPayload(
                 mel,
                 energies,

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
+from asr_core import hostcopy
 from asr_core.decoder.greedy import Emission
 from asr_core.decoder.mlx_rnnt import MlxRnnt
 from asr_core.decoder.numpy_rnnt import RnntWeights
@@ -190,7 +191,7 @@ class DeviceDecoder:
         bp = _bucket(n)
         padded = np.zeros((bp, _time_bucket(t_max), self.width), np.float32)
         for i, f in enumerate(frames):
-            padded[i, : f.shape[0]] = f
+            hostcopy.put(padded[i, : f.shape[0]], f)  # keeps the interpreter lock (hostcopy)
         slot_rows = np.zeros(bp, np.int32)
         slot_rows[:n] = slots
         len_rows = np.zeros(bp, np.int32)

@@ -49,6 +49,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from asr_core import hostcopy
 from asr_core.bundle import PRECISIONS, EncoderConfig
 from asr_core.encoder.geometry import chunk_frames, encoder_frames, first_chunk_frames
 from asr_core.encoder.layers import (
@@ -275,7 +276,7 @@ class StreamingEncoder:
             group, B, Bp = s.group, len(s.group), self._bucket(len(s.group))
             mel_in, mel = up.zeros((Bp, n, self.cfg.n_mels))  # filled before the next add
             for k, r in enumerate(group):
-                mel[k, : r.mel.shape[0]] = r.mel
+                hostcopy.put(mel[k, : r.mel.shape[0]], r.mel)  # keeps the interpreter lock (hostcopy)
             slots = np.zeros(Bp, np.int32)  # padding rows gather the zero row
             slots[:B] = [1 + r.slot for r in group]
             s.chained = not first and (self.compiled or any(r.follows for r in group))
@@ -787,7 +788,7 @@ class _Uploads:
             raise TypeError(f"an upload carries int32, float32 or bool, not {a.dtype}")
         start = self._room(a.size, a.shape, a.dtype)
         words = self._buffer[start : start + a.size]
-        (words.view(np.float32) if a.dtype == np.float32 else words)[:] = a.reshape(-1)
+        hostcopy.put(words.view(np.float32) if a.dtype == np.float32 else words, a.reshape(-1))
         return len(self._parts) - 1
 
     def send(self) -> None:

@@ -34,6 +34,8 @@ def test_bench_encoder_times_ours_and_the_reference(tiny_bundle: Path, tmp_path:
             "1",
             "--threads",
             "1",
+            "--busy-threads",
+            "1",
             "--json",
             str(out),
         ],
@@ -50,7 +52,9 @@ def test_bench_encoder_times_ours_and_the_reference(tiny_bundle: Path, tmp_path:
         assert r["ratio"] > 0
         # Same mel into both: the frames agree (random tiny weights, fp32).
         assert r["max_abs_diff"] < 1e-4
-    assert "| 3 |" in proc.stdout
+        assert r["extra"]["host_ms"] > 0  # the step's host phase, beside a thread that wants the lock
+    assert report["busy_threads"] == 1
+    assert "| 3 |" in proc.stdout and "B=3: host phase" in proc.stdout
 
 
 def test_gpu_benchmark_script_smoke_run(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ runs on the GPU host: keep this module importable with numpy + MLX alone (torch 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import functools
 import inspect
@@ -25,8 +26,9 @@ import math
 import os
 import platform
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="CPU threads for both (OpenBLAS under MLX, torch); default: each library's own",
+    )
+    parser.add_argument(
+        "--busy-threads",
+        type=int,
+        default=0,
+        help="threads running interpreter work beside the steps, as the engine process's receiver, "
+        "assemblers and device decoder do (the worst case: they never wait); the step's host phase "
+        "shows what they cost it",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -298,8 +308,10 @@ def run_batch(
     ours_s: list[float] = []
     ref_s: list[float] = []
     diff = 0.0
+    host_s = 0.0  # the step's host phases (plan and graph: `StreamingEncoder.seconds`), timed steps
     try:
         for i in range(1 + warmup + steps):
+            host0 = encoder.seconds["plan"] + encoder.seconds["graph"]
             n = first_chunk_frames(lookahead, factor) if i == 0 else chunk_frames(lookahead, factor)
             mel = rng.standard_normal((batch, n, n_mels), dtype=np.float32)
             rows = [ChunkInput(s, mel[b]) for b, s in enumerate(slots)]
@@ -308,6 +320,7 @@ def run_batch(
             t1 = time.perf_counter()
             if i > warmup:
                 ours_s.append(t1 - t0)
+                host_s += encoder.seconds["plan"] + encoder.seconds["graph"] - host0
             if ref is not None:
                 t0 = time.perf_counter()
                 theirs = ref.step(mel)
@@ -325,6 +338,7 @@ def run_batch(
         ours=Timing.of(ours_s),
         reference=Timing.of(ref_s) if ref_s else None,
         max_abs_diff=diff if ref is not None else None,
+        extra={"host_ms": 1e3 * host_s / len(ours_s)} if ours_s else {},
     )
 
 
@@ -346,6 +360,27 @@ def set_cpu_threads(n: int) -> None:
         torch.set_num_threads(n)
     except ImportError:
         pass
+
+
+@contextlib.contextmanager
+def busy_interpreter(threads: int) -> Iterator[None]:
+    """`threads` threads that want the interpreter lock all the time, while the block runs."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+
+    workers = [threading.Thread(target=spin, name=f"busy-{i}", daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
 
 
 def log_line(msg: str) -> None:
@@ -390,15 +425,19 @@ def main(args: argparse.Namespace) -> int:
 
     rng = np.random.default_rng(args.seed)
     results = []
-    for b in args.batch:
-        log_line(f"B={b}: {1 + warmup + args.steps} steps")
-        try:
-            results.append(
-                run_batch(encoder, b, lookahead, prompt_ids, args.steps, warmup, rng, reference, log_line)
-            )
-        except Exception as e:  # report and go on with the next batch size
-            results.append(BatchResult(batch=b, error=f"{type(e).__name__}: {e}"))
-        log_line(markdown_table(results[-1:]).splitlines()[-1])
+    with busy_interpreter(args.busy_threads):
+        for b in args.batch:
+            log_line(f"B={b}: {1 + warmup + args.steps} steps")
+            try:
+                results.append(
+                    run_batch(encoder, b, lookahead, prompt_ids, args.steps, warmup, rng, reference, log_line)
+                )
+            except Exception as e:  # report and go on with the next batch size
+                results.append(BatchResult(batch=b, error=f"{type(e).__name__}: {e}"))
+            log_line(markdown_table(results[-1:]).splitlines()[-1])
+    for r in results:
+        if "host_ms" in r.extra:
+            print(f"B={r.batch}: host phase (plan + graph) {r.extra['host_ms']:.2f} ms a step")
 
     title = (
         f"encoder step, {args.precision}, lookahead {lookahead}, {cfg.encoder.num_hidden_layers} layers x "
@@ -418,6 +457,7 @@ def main(args: argparse.Namespace) -> int:
             "compile": encoder.compiled,
             "array_exp": encoder.params.array_exp,
             "threads": args.threads,
+            "busy_threads": args.busy_threads,
             "reference": ref_note,
             "encoder_config": asdict(cfg.encoder),
             "results": [{**asdict(r), "ratio": r.ratio} for r in results],
