@@ -6,6 +6,7 @@
 #   bash tools/device/h200_run.sh gateway   # ttg serve + redis + ttg replay at fixed levels
 #   bash tools/device/h200_run.sh profile 1000   # engine process at N calls: per-thread CPU, py-spy
 #   bash tools/device/h200_run.sh encoder   # the encoder step alone: wall time per B, B=512 under ncu
+#   bash tools/device/h200_run.sh dispatch  # the step's wall time per B under MLX's CUDA-graph settings
 #
 # Every phase: MLX + wheels (device_env.sh), the kit's redis-server, a full-size f16 bundle generated
 # into /tmp/full (random weights, calibrated as `ttg make-bundle` does). Results go to $OUT (at most 8
@@ -33,7 +34,7 @@ make_bundle() {
 }
 # The encoder phase builds its random weights in memory; it makes the bundle beside its kernel profile
 # (CPU work beside GPU kernel timings), so that the next call on the warm machine starts a gateway at once.
-if [ "$phase" != encoder ]; then
+if [ "$phase" != encoder ] && [ "$phase" != dispatch ]; then
   make_bundle || exit 1
 fi
 case "$phase" in
@@ -135,6 +136,21 @@ encoder)
     || tail -20 /tmp/ncu.log
   python3 -m tools.bench.gpu_kernels --summarize "$OUT/ncu_ours_512.csv" --top 40 | tee "$OUT/ncu_ours_512.md"
   wait "$bundle"
+  ;;
+dispatch)
+  # In the gateway an engine's step is bound by MLX's host work, not the GPU's (docs/benchmarks.md,
+  # eleventh device session): MLX on CUDA records each step's hundreds of kernels into CUDA graphs of
+  # MLX_MAX_OPS_PER_BUFFER nodes, instantiated or updated from a cache of MLX_CUDA_GRAPH_CACHE_SIZE.
+  # The step's wall time per B under each setting ("-": MLX's defaults), read once per process: one
+  # model build each. The thrashing check warns when a cache is too small. DISPATCH_SETTINGS: the list.
+  for setting in ${DISPATCH_SETTINGS:-- MLX_MAX_OPS_PER_BUFFER=60 MLX_MAX_OPS_PER_BUFFER=200 \
+      MLX_CUDA_GRAPH_CACHE_SIZE=4000 MLX_USE_CUDA_GRAPHS=0}; do
+    extra=()
+    [ "$setting" = - ] || extra=("$setting")
+    stamp "setting: $setting" | tee -a "$OUT/dispatch.txt"
+    env MLX_ENABLE_CACHE_THRASHING_CHECK=1 "${extra[@]}" python3 -m tools.bench.gpu_kernels --batch 512 128 32 1 \
+      2>&1 | tee -a "$OUT/dispatch.txt"
+  done
   ;;
 profile)
   # Where the engine process's time goes in steady state: the engine-procs bench at one level, and
