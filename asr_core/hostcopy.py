@@ -1,7 +1,7 @@
 """Host-memory copies that keep the interpreter lock.
 
 numpy lets go of the interpreter lock around every copy of more than a few hundred elements
-(`NPY_BEGIN_THREADS_THRESHOLDED`), and takes it back afterwards. In a process whose other threads
+(somewhere between 256 and 512 in numpy 2.4), and takes it back afterwards. In a process whose other threads
 want the lock (the engine's receiver, transcript assemblers and device decoder), each such copy
 hands the lock to one of them, and the copying thread waits until that one lets go: up to the
 interpreter's switch interval (5 ms) per copy, where the copy itself takes microseconds. A step

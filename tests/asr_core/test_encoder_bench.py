@@ -91,6 +91,18 @@ def test_kernel_profile_script_runs_each_batch_size_without_cuda(flags: list[str
         assert f"{label} B={batch}: 2 steps run" in proc.stdout
 
 
+def test_kernel_profile_script_warms_every_batch_bucket_as_the_engine_does() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.gpu_kernels", "--smoke", "--warm-buckets", "5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "warm-up: 4 batch buckets up to 5" in proc.stdout  # 1, 2, 4, 8
+
+
 NCU_COLUMNS = [
     "ID",
     "Process ID",

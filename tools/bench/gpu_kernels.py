@@ -16,6 +16,9 @@ elementwise fused under mx.compile, …) and by name and prints per-step millise
 the whole and the launch count. `--smoke` runs the first form with a tiny config on whatever device
 there is (the test suite's CPU), with nothing to bracket. Several `--batch` sizes run one after the
 other on one model (without ncu: the step's wall time at each, for one model build).
+`--warm-buckets MAX_BATCH` runs only the engine's warm-up on that model (every batch bucket), which on
+CUDA leaves the compiled kernels in MLX's cache on disk for a gateway started next
+(`tools/device/h200_run.sh` runs it beside `ttg make-bundle` on a fresh machine).
 """
 
 from __future__ import annotations
@@ -164,6 +167,25 @@ def summarize(path: Path, steps: int, top: int) -> str:
     return "\n".join(out)
 
 
+def warm_buckets(max_batch: int, seed: int, smoke: bool) -> None:
+    """The engine's own warm-up (`StreamingEncoder.warmup`: every batch bucket up to `max_batch`, lookahead
+    3) on random full-size f16 weights. On CUDA, MLX keeps the kernels it compiles on disk (its PTX cache,
+    by kernel source, not weights), so a gateway whose engines start afterwards on a bundle of the same
+    size finds them there; run beside `ttg make-bundle`, the two costs overlap instead of adding up."""
+    import mlx.core as mx
+
+    from asr_core.encoder import StreamingEncoder
+    from tools.bench.gpu_encoder import FULL, LOOKAHEAD, TINY, build_reference, our_weights
+
+    cfg = TINY if smoke else FULL
+    weights = our_weights(build_reference(cfg, "cpu", seed), cfg, mx.float16)
+    encoder = StreamingEncoder(weights, cfg, "f16", compile=True)  # as on a GPU (also on the suite's CPU)
+    t0 = time.perf_counter()
+    buckets = encoder.warmup(LOOKAHEAD, max_batch)
+    seconds = time.perf_counter() - t0
+    print(f"warm-up: {buckets} batch buckets up to {max_batch} in {seconds:.1f} s", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -175,9 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--smoke", action="store_true", help="the tiny config (what the test suite runs)")
     parser.add_argument("--reference", action="store_true", help="transformers' step instead of ours")
+    parser.add_argument(
+        "--warm-buckets",
+        type=int,
+        default=None,
+        metavar="MAX_BATCH",
+        help="only the engine's warm-up up to MAX_BATCH (fills MLX's kernel cache on disk)",
+    )
     args = parser.parse_args(argv)
     if args.summarize is not None:
         print(summarize(args.summarize, args.steps, args.top))
+    elif args.warm_buckets is not None:
+        warm_buckets(args.warm_buckets, args.seed, args.smoke)
     else:
         profile(args.batch, args.steps, args.seed, args.smoke, args.reference)
     return 0
