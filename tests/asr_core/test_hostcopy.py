@@ -62,15 +62,15 @@ def test_put_copies_rows_without_letting_another_thread_run() -> None:
 
 def test_the_probe_sees_numpy_assignment_let_go_of_the_lock() -> None:
     # What `put` avoids (and proof the probe above can fail): numpy's assignment of more than a few
-    # hundred elements releases the lock, and the busy thread runs between the rows.
-    dst, src = rows()
+    # hundred elements releases the lock. Whether the busy thread gets it before the copy takes it back
+    # depends on the OS waking it in time: copies of 16 MiB (milliseconds each) leave it that time even
+    # on a loaded machine.
+    dst, src = np.zeros(1 << 22, np.float32), np.ones(1 << 22, np.float32)
 
     def copy() -> None:
-        for k, s in enumerate(src):
-            dst[k] = s
+        for _ in range(10):
+            dst[...] = src
 
-    # A release hands the lock over only if the woken thread takes it before the copy takes it back:
-    # likely for one of twenty rows, so a few tries at most.
     assert any(turns_of_a_busy_thread(copy, interval=0.05) > 0 for _ in range(5))
 
 
