@@ -1,13 +1,12 @@
 """Host-memory copies that keep the interpreter lock.
 
 numpy lets go of the interpreter lock around every copy of more than a few hundred elements
-(somewhere between 256 and 512 in numpy 2.4), and takes it back afterwards. In a process whose other threads
-want the lock (the engine's receiver, transcript assemblers and device decoder), each such copy
-hands the lock to one of them, and the copying thread waits until that one lets go: up to the
-interpreter's switch interval (5 ms) per copy, where the copy itself takes microseconds. A step
-that copies a few hundred rows one at a time then spends most of its host time waiting. These
-copies are one `memcpy` under the lock instead: a few microseconds, and no other thread runs
-between them.
+(somewhere between 256 and 512 in numpy 2.4), and takes it back afterwards. In a process whose other
+threads want the lock (the engine's receiver, transcript assemblers and device decoder), each such
+copy hands the lock to one of them, and the copying thread waits until that one lets go: up to the
+interpreter's switch interval (5 ms) per copy, where the copy itself takes microseconds. A step that
+copies a few hundred rows one at a time then spends most of its host time waiting. These copies are
+one `memcpy` under the lock instead: a few microseconds, and no other thread runs between them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ not hand the lock to its other threads once per row."""
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from collections.abc import Callable
 
@@ -12,31 +11,22 @@ import numpy as np
 import pytest
 
 from asr_core import hostcopy
+from tools.bench.encoder import busy_interpreter
 
 
 def turns_of_a_busy_thread(copy: Callable[[], None], interval: float) -> int:
     """How often a thread that always wants the interpreter lock ran while `copy` ran. The switch
     interval is `interval` meanwhile: long, so that it runs only when `copy` lets go of the lock (or
     this thread is off its core that long)."""
-    turns = [0]
-    stop = threading.Event()
-
-    def spin() -> None:
-        while not stop.is_set():
-            turns[0] += 1
-
     default = sys.getswitchinterval()
     sys.setswitchinterval(interval)
-    thread = threading.Thread(target=spin, daemon=True)
     try:
-        thread.start()
-        time.sleep(0.001)  # it runs; this thread takes the lock back within one switch interval
-        before = turns[0]
-        copy()
-        return turns[0] - before
+        with busy_interpreter(1) as turns:
+            time.sleep(0.001)  # it runs; this thread takes the lock back within one switch interval
+            before = turns()
+            copy()
+            return turns() - before
     finally:
-        stop.set()
-        thread.join()
         sys.setswitchinterval(default)
 
 

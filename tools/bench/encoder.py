@@ -363,20 +363,21 @@ def set_cpu_threads(n: int) -> None:
 
 
 @contextlib.contextmanager
-def busy_interpreter(threads: int) -> Iterator[None]:
-    """`threads` threads that want the interpreter lock all the time, while the block runs."""
+def busy_interpreter(threads: int) -> Iterator[Callable[[], int]]:
+    """`threads` threads that want the interpreter lock all the time, while the block runs; it gets
+    the number of turns they have taken so far (a turn: one pass of their loop)."""
     stop = threading.Event()
+    turns = [0]
 
     def spin() -> None:
-        n = 0
         while not stop.is_set():
-            n += 1
+            turns[0] += 1
 
     workers = [threading.Thread(target=spin, name=f"busy-{i}", daemon=True) for i in range(threads)]
     for w in workers:
         w.start()
     try:
-        yield
+        yield lambda: turns[0]
     finally:
         stop.set()
         for w in workers:

@@ -149,7 +149,7 @@ encoder)
   ;;
 dispatch)
   # In the gateway an engine's step is bound by MLX's host work, not the GPU's (docs/benchmarks.md,
-  # eleventh device session): MLX on CUDA records each step's ~1 300 kernel launches into CUDA graphs of
+  # "where an engine's step goes at 2 000 calls"): MLX on CUDA records each step's ~1 300 kernel launches into CUDA graphs of
   # MLX_MAX_OPS_PER_BUFFER nodes, instantiated or updated from a cache of MLX_CUDA_GRAPH_CACHE_SIZE.
   # The step's wall time per B under each setting ("-": MLX's defaults), read once per process: one
   # model build each. The thrashing check warns when a cache is too small. DISPATCH_SETTINGS: the list.
