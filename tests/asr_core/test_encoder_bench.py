@@ -79,7 +79,18 @@ def test_gpu_benchmark_script_smoke_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("flags", "label"), [([], "ours"), (["--reference"], "transformers")])
 def test_kernel_profile_script_runs_each_batch_size_without_cuda(flags: list[str], label: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.bench.gpu_kernels", "--smoke", "--batch", "3", "2", *flags],
+        [
+            sys.executable,
+            "-m",
+            "tools.bench.gpu_kernels",
+            "--smoke",
+            "--batch",
+            "3",
+            "2",
+            "--interleave",
+            "2",
+            *flags,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -89,6 +100,9 @@ def test_kernel_profile_script_runs_each_batch_size_without_cuda(flags: list[str
     for batch in (3, 2):  # one model, each batch size in turn
         assert f"{label} B={batch}: step wall median" in proc.stdout
         assert f"{label} B={batch}: 2 steps run" in proc.stdout
+    # then the sizes in turn, as an engine alternates between them: one median per size
+    interleaved = [line.split(":")[0] for line in proc.stdout.splitlines() if line.endswith("ms interleaved")]
+    assert interleaved == [f"{label} B=3", f"{label} B=2"]
 
 
 def test_kernel_profile_script_warms_every_batch_bucket_as_the_engine_does() -> None:

@@ -56,9 +56,13 @@ def kind_of(name: str) -> str:
     return next((k for k, pattern in KINDS if pattern.search(name)), "other")
 
 
-def profile(batches: list[int], steps: int, seed: int, smoke: bool, reference: bool) -> None:
+def profile(
+    batches: list[int], steps: int, seed: int, smoke: bool, reference: bool, interleave: int = 0
+) -> None:
     """Each batch size in turn on one model: the step's wall time, then `steps` bracketed steps (give
-    ncu one batch size, or its log holds the kernels of all)."""
+    ncu one batch size, or its log holds the kernels of all). Then `interleave` rounds of one step at
+    each batch size in turn, as a gateway's engine alternates between sizes: on CUDA, MLX keeps the
+    graphs a step records in a cache of limited size, which one size alone may fit and several not."""
     import mlx.core as mx
 
     from asr_core.encoder import ChunkInput, StreamingEncoder, chunk_frames, first_chunk_frames
@@ -84,6 +88,8 @@ def profile(batches: list[int], steps: int, seed: int, smoke: bool, reference: b
         encoder = StreamingEncoder(our_weights(model, cfg, mx.float16), cfg, "f16")
         del model
         sync = mx.synchronize
+    timed: list[tuple[str, Callable[[bool], float]]] = []
+    all_slots: list[int] = []
     for batch in batches:
         prompts = [PROMPTS[b % len(PROMPTS)] for b in range(batch)]
         run: Callable[[np.ndarray], object]
@@ -121,8 +127,17 @@ def profile(batches: list[int], steps: int, seed: int, smoke: bool, reference: b
             cuda.cuProfilerStop()
         done = "profiled" if cuda is not None else "run (no CUDA driver)"
         print(f"{label}: {steps} steps {done}", flush=True)
-        for s in slots:
-            encoder.release(s)
+        timed.append((label, step))
+        all_slots += slots
+    walls_of: dict[str, list[float]] = defaultdict(list)
+    for _ in range(interleave):
+        for label, one_step in timed:
+            walls_of[label].append(one_step(False))
+    for label, walls in walls_of.items():
+        walls.sort()
+        print(f"{label}: step wall median {1e3 * walls[len(walls) // 2]:.2f} ms interleaved", flush=True)
+    for s in all_slots:
+        encoder.release(s)
 
 
 def summarize(path: Path, steps: int, top: int) -> str:
@@ -195,6 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--summarize", type=Path, default=None, help="an ncu --csv log to summarise")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="then ROUNDS rounds of one step at each --batch size in turn (wall time per size)",
+    )
     parser.add_argument("--smoke", action="store_true", help="the tiny config (what the test suite runs)")
     parser.add_argument("--reference", action="store_true", help="transformers' step instead of ours")
     parser.add_argument(
@@ -210,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.warm_buckets is not None:
         warm_buckets(args.warm_buckets, args.seed, args.smoke)
     else:
-        profile(args.batch, args.steps, args.seed, args.smoke, args.reference)
+        profile(args.batch, args.steps, args.seed, args.smoke, args.reference, args.interleave)
     return 0
 
 

@@ -12,7 +12,7 @@
 # into /tmp/full (random weights, calibrated as `ttg make-bundle` does). Results go to $OUT (at most 8
 # files come back): the JSON/markdown summaries, the daemon's log, this script's log.
 set -uo pipefail
-phase=${1:?usage: h200_run.sh engine|gateway|profile|encoder [levels]}
+phase=${1:?usage: h200_run.sh engine|gateway|profile|encoder|dispatch [levels]}
 levels=${2:-500,1000,2000}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -149,18 +149,30 @@ encoder)
   ;;
 dispatch)
   # In the gateway an engine's step is bound by MLX's host work, not the GPU's (docs/benchmarks.md,
-  # "where an engine's step goes at 2 000 calls"): MLX on CUDA records each step's ~1 300 kernel launches into CUDA graphs of
-  # MLX_MAX_OPS_PER_BUFFER nodes, instantiated or updated from a cache of MLX_CUDA_GRAPH_CACHE_SIZE.
-  # The step's wall time per B under each setting ("-": MLX's defaults), read once per process: one
-  # model build each. The thrashing check warns when a cache is too small. DISPATCH_SETTINGS: the list.
-  for setting in ${DISPATCH_SETTINGS:-- MLX_MAX_OPS_PER_BUFFER=60 MLX_MAX_OPS_PER_BUFFER=200 \
-      MLX_CUDA_GRAPH_CACHE_SIZE=4000 MLX_USE_CUDA_GRAPHS=0}; do
+  # "where an engine's step goes at 2 000 calls"): MLX on CUDA records each step's ~1 300 kernel launches
+  # into CUDA graphs of MLX_MAX_OPS_PER_BUFFER nodes (20 by default), instantiated anew or updated from an
+  # LRU cache of MLX_CUDA_GRAPH_CACHE_SIZE graphs (100). The step's wall time per B under each setting
+  # ("-": MLX's defaults; "A=1,B=2": both), alone and then interleaved as an engine alternates sizes (where
+  # one size's graphs may fit the cache and several sizes' not); one model build per setting. The
+  # thrashing check warns when the cache is too small. DISPATCH_SETTINGS: the list.
+  # Beside it, on the other half of the cores, the bundle and then the engines' kernels for the next call.
+  if [ ! -e /tmp/full.done ]; then
+    ( taskset -cp 8-15 "$BASHPID" > /dev/null; make_bundle ) &
+    bundle=$!
+  fi
+  for setting in ${DISPATCH_SETTINGS:-- MLX_CUDA_GRAPH_CACHE_SIZE=4000 \
+      MLX_MAX_OPS_PER_BUFFER=200,MLX_CUDA_GRAPH_CACHE_SIZE=4000 MLX_MAX_OPS_PER_BUFFER=200 MLX_USE_CUDA_GRAPHS=0}; do
     extra=()
-    [ "$setting" = - ] || extra=("$setting")
+    [ "$setting" = - ] || IFS=, read -r -a extra <<< "$setting"
     stamp "setting: $setting" | tee -a "$OUT/dispatch.txt"
-    env MLX_ENABLE_CACHE_THRASHING_CHECK=1 "${extra[@]}" python3 -m tools.bench.gpu_kernels --batch 512 128 32 1 \
-      2>&1 | tee -a "$OUT/dispatch.txt"
+    env MLX_ENABLE_CACHE_THRASHING_CHECK=1 "${extra[@]}" taskset -c 0-7 python3 -m tools.bench.gpu_kernels \
+      --batch 512 128 32 1 --interleave 5 2>&1 | grep -v "steps profiled" | tee -a "$OUT/dispatch.txt"
   done
+  if [ -n "${bundle:-}" ]; then
+    python3 -m tools.bench.gpu_kernels --warm-buckets "${MAX_BATCH:-512}" 2>&1 | tail -3
+    stamp "encoder kernels compiled"
+    wait "$bundle"
+  fi
   ;;
 profile)
   # Where the engine process's time goes in steady state: the engine-procs bench at one level, and
