@@ -313,6 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--precision", default="auto")
     p.add_argument("--device-share", type=float, default=1.0, help="part of the accelerator's memory")
+    p.add_argument(
+        "--switch-interval-ms", type=float, default=None, help="interpreter-lock hand-over interval"
+    )
     p.add_argument("--config", required=True, help="EngineConfig as JSON")
     p.add_argument("--inputs", required=True, help="front-end channel ends, comma-separated")
     p.add_argument("--output", required=True, help="results channel end")
@@ -327,6 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         datefmt="%Y-%m-%dT%H:%M:%S",
     )
     logging.Formatter.converter = time.gmtime
+    if args.switch_interval_ms is not None:  # before any thread starts (asr_core.remote says why)
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     control = socket.socket(fileno=args.control)
     fatal = threading.Event()
 
@@ -355,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "device": model.info.device,
         "pid": os.getpid(),
         "max_streams": engine.max_streams,
+        "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),
     }
     spec = model.frontend_spec(vad=config.vad if config.vad.enabled else None)
     _send(control, {"ready": spec.to_json(), "info": info})

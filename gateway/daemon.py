@@ -1194,6 +1194,7 @@ def _run_engines_and_daemon(
                 log_level=settings.log.level,
                 role="engine" if n_engines == 1 else f"engine_{k}",
                 device_share=1 / n_engines,
+                switch_interval_ms=settings.daemon.engine_switch_interval_ms,
                 env=engine_env,
             )
 

@@ -20,7 +20,7 @@ from asr_core.api import StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import DecoderConfig, EngineConfig, SchedulerConfig
 from asr_core.engine import AsrEngine
 from asr_core.model import GPU_CACHE_LIMIT_BYTES, AsrModel, gpu_memory_limits
-from asr_core.remote import EngineProcess
+from asr_core.remote import ENGINE_SWITCH_INTERVAL_MS, EngineProcess
 from asr_core.wire import Event, Step
 from tools.bench.engine import synthetic_call
 
@@ -183,6 +183,19 @@ def test_the_parent_sees_the_engine_process_die(engine_process: Any) -> None:
     engine.proc.wait(10)
     assert not engine.poll_control()
     assert engine.failure is not None and "exited" in engine.failure
+
+
+def test_the_engine_process_hands_the_interpreter_lock_over_sooner_than_python_does(
+    engine_process: Any,
+) -> None:
+    """Its MLX thread lets go of the lock dozens of times a step and waits up to the switch interval to
+    get it back each time; the engine process runs with a shorter one than Python's 5 ms, the
+    daemon's setting defaulting to the same."""
+    from gateway.config import DaemonSettings
+
+    engine, _ = engine_process
+    assert engine.info["switch_interval_ms"] == ENGINE_SWITCH_INTERVAL_MS < 5
+    assert DaemonSettings().engine_switch_interval_ms == ENGINE_SWITCH_INTERVAL_MS
 
 
 def test_engine_processes_on_one_accelerator_split_its_memory() -> None:

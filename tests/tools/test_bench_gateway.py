@@ -11,13 +11,19 @@ from typing import Any
 from tools.bench.gateway import _daemon_env, _merge_reports, add_arguments
 
 
-def _report(folder: Path, utterances: list[dict[str, Any]]) -> Path:
+def _report(folder: Path, utterances: list[dict[str, Any]], call_id: str = "c0") -> Path:
     folder.mkdir()
     summary = {"calls": 1, "completed": 1, "rejected": 0, "rtp_sent_to_reporting_calls": 100}
     summary["gateway_rtp_packets"] = 100
     harness = {"cpu_percent": 12.0, "send_lateness_ms": {"p99": 1.5}}
     (folder / "report.json").write_text(
-        json.dumps({"summary": summary, "harness": harness, "calls": [{"utterances": utterances}]})
+        json.dumps(
+            {
+                "summary": summary,
+                "harness": harness,
+                "calls": [{"sip_call_id": call_id, "finals": 2, "utterances": utterances}],
+            }
+        )
     )
     return folder
 
@@ -59,3 +65,23 @@ def test_a_level_measures_the_engine_with_the_adaptive_call_limit_off_unless_ask
         parser.parse_args(["--levels", "10", "--env", "TTG_SIP__CALL_LIMIT_LAG_MS=1000"]), max_calls=10
     )
     assert asked["TTG_SIP__CALL_LIMIT_LAG_MS"] == "1000"
+
+
+def test_a_sentence_most_calls_transcribe_but_one_call_does_not_is_named_with_that_call(
+    tmp_path: Path,
+) -> None:
+    """The silent sentence (no call got anything for it) is the model's; a sentence that other calls
+    did get a transcript for, missing in one call, is a lead into that call's log: its Call-ID."""
+    got = {"ttf_s": 0.3, "ttfp_s": 0.1, "sentence": "a.wav#0"}
+    lost = {"ttf_s": None, "ttfp_s": None, "sentence": "a.wav#0", "start_ms": 500, "end_ms": 2100}
+    silent = {"ttf_s": None, "ttfp_s": None, "sentence": "b.wav#1"}
+    folders = [
+        _report(tmp_path / "r0", [got, silent], call_id="fine"),
+        _report(tmp_path / "r1", [got, silent], call_id="also-fine"),
+        _report(tmp_path / "r2", [lost, silent], call_id="the-odd-one"),
+    ]
+    level = _merge_reports(folders)
+    assert level["without_any_transcript_by_sentence"] == {"a.wav#0": 1, "b.wav#1": 3}
+    [example] = level["without_any_transcript_examples"]
+    assert example["sip_call_id"] == "the-odd-one" and example["sentence"] == "a.wav#0"
+    assert example["span_ms"] == [500, 2100] and example["finals"] == 2

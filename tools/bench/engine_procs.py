@@ -48,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=int, default=256)
     p.add_argument("--max-wait-ms", type=float, default=100.0)
     p.add_argument("--wait-policy", default="adaptive", choices=["adaptive", "fixed"])
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="the engine process's interpreter-lock hand-over interval (default: the gateway's)",
+    )
     p.add_argument("--json", default=None)
 
 
@@ -148,7 +154,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"host: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
     # One engine for every level (its compiled shapes and caches warm once); each level's feeders get
     # channels of their own, since a front end that exits ends its channel.
-    engine = EngineProcess(args.model, args.precision, config, front_ends=args.feeders * len(args.calls))
+    interval = {} if args.switch_interval_ms is None else {"switch_interval_ms": args.switch_interval_ms}
+    engine = EngineProcess(
+        args.model, args.precision, config, front_ends=args.feeders * len(args.calls), **interval
+    )
     t = time.monotonic()
     spec = engine.start(timeout=900)
     print(f"engine ready in {time.monotonic() - t:.1f} s ({engine.info})", flush=True)

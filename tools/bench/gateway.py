@@ -287,6 +287,8 @@ def _merge_reports(folders: list[Path]) -> dict[str, Any]:
     ttfp: list[float] = []
     missing = 0
     silent: Counter[str] = Counter()  # of `missing`: no partial either, by sentence ("clip#k")
+    said: Counter[str] = Counter()  # every utterance, by sentence
+    uncovered: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (call, utterance) of `silent`
     harness_cpu: list[float] = []
     lateness_p99: list[float] = []
     for folder in folders:
@@ -304,10 +306,12 @@ def _merge_reports(folders: list[Path]) -> dict[str, Any]:
         lateness_p99.append(r["harness"]["send_lateness_ms"]["p99"] or 0.0)
         for c in r["calls"]:
             for u in c.get("utterances") or []:
+                said[u.get("sentence") or "?"] += 1
                 if u.get("ttf_s") is None:
                     missing += 1
                     if u.get("ttfp_s") is None:
                         silent[u.get("sentence") or "?"] += 1
+                        uncovered.append((c, u))
                 else:
                     ttf.append(u["ttf_s"])
                 if u.get("ttfp_s") is not None:
@@ -322,6 +326,7 @@ def _merge_reports(folders: list[Path]) -> dict[str, Any]:
         "without_final": missing,
         "without_any_transcript": silent.total(),
         "without_any_transcript_by_sentence": dict(sorted(silent.items())),
+        "without_any_transcript_examples": _uncovered_examples(uncovered, silent, said),
         "ttf_p50_s": round(float(np.percentile(ttf, 50)), 3) if ttf else None,
         "ttf_p95_s": _p95(everything),
         "ttf_p95_spoken_s": _p95(spoken),
@@ -330,6 +335,41 @@ def _merge_reports(folders: list[Path]) -> dict[str, Any]:
         "replay_cpu_percent": [round(x, 1) for x in harness_cpu],
         "replay_lateness_p99_ms": [round(x, 1) for x in lateness_p99],
     }
+
+
+def _uncovered_examples(
+    uncovered: list[tuple[dict[str, Any], dict[str, Any]]],
+    silent: Counter[str],
+    said: Counter[str],
+    n: int = 6,
+) -> list[dict[str, Any]]:
+    """A few utterances with no partial and no final whose sentence most calls did get a transcript for
+    (not a sentence the model says nothing for), one per call, with what that call got: the leads to
+    follow in the gateway's log (its Call-ID)."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for call, u in uncovered:
+        sentence = u.get("sentence") or "?"
+        call_id = str(call.get("sip_call_id", "?"))
+        if 2 * silent[sentence] >= said[sentence] or call_id in seen:
+            continue
+        seen.add(call_id)
+        out.append(
+            {
+                "sip_call_id": call_id,
+                "sentence": sentence,
+                "span_ms": [u.get("start_ms"), u.get("end_ms")],
+                "outcome": call.get("outcome"),
+                "partials": call.get("partials"),
+                "finals": call.get("finals"),
+                "call_end": call.get("call_end", {}).get("reason"),
+                "gateway_rtp_lost": call.get("gateway_rtp_lost"),
+                "hypothesis": str(call.get("hypothesis", ""))[:160],
+            }
+        )
+        if len(out) == n:
+            break
+    return out
 
 
 def _replay_cmd(

@@ -122,6 +122,21 @@ gateway)
   # The engines' step reports and any failure with its traceback (the per-call lines crowd them out
   # of the log's tail).
   grep -v "gateway.call.core\|gateway.sip\|call .* ended:" /tmp/gw/serve.log | tail -c 400000 > "$OUT/engines.log"
+  # The calls named in the summary's `without_any_transcript_examples` (an utterance no partial or final
+  # covered, of a sentence most calls got): every line of the full log about each of them.
+  python3 - > "$OUT/uncovered.log" <<'PY'
+import json, re
+ids = {e["sip_call_id"] for lv in json.load(open("/tmp/gw/summary.json"))["levels"]
+       for e in lv.get("without_any_transcript_examples", [])}
+ours, lines = set(), []
+for line in open("/tmp/gw/serve.log", errors="replace"):
+    m = re.search(r"call (\w+) started: .*sip call-id (\S+?),", line)
+    if m and m.group(2) in ids:
+        ours.add(m.group(1))
+    if any(i in line for i in ours) or any(i in line for i in ids):
+        lines.append(line)
+print(f"{len(ids)} calls, {len(ours)} found in the log", "".join(lines[-3000:]), sep="\n")
+PY
   stamp "gateway levels done"
   # The one-process model on CUDA too: start, one short call, SIGTERM; exit status and abort marks.
   # Device decoding, as in the levels above: its own MLX thread must end cleanly there too.
