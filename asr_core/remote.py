@@ -67,8 +67,9 @@ RESULTS_CHANNEL_BYTES = 8 << 20
 # The engine process's interpreter-lock hand-over interval (`sys.setswitchinterval`). Its MLX thread
 # lets go of the lock in every `mx.eval` and numpy operation on large arrays, and its receiver, decoder
 # and transcript threads take it meanwhile; to get it back the MLX thread waits until the holder is made
-# to drop it, which is this interval (Python's default is 5 ms). A step lets go of it dozens of times.
-ENGINE_SWITCH_INTERVAL_MS = 0.5
+# to drop it, at most this long — and is itself made to drop it this often. Python's 5 ms: shorter ones
+# (0.5, 0.2 ms) did not make the gateway faster on the H200 (docs/benchmarks.md).
+ENGINE_SWITCH_INTERVAL_MS = 5.0
 
 
 class ChunkSender:

@@ -335,12 +335,12 @@ class DaemonSettings(BaseModel):
         "kernel launches are the limit (a GPU: docs/benchmarks.md)",
     )
     engine_switch_interval_ms: float = Field(
-        0.5,  # asr_core.remote.ENGINE_SWITCH_INTERVAL_MS (not imported: it would load numpy here)
+        5.0,  # asr_core.remote.ENGINE_SWITCH_INTERVAL_MS (not imported: it would load numpy here)
         gt=0,
         le=100,
         description="In each engine process, how soon a thread that waits for the interpreter lock gets it "
-        "(Python's switch interval; its default is 5 ms): the MLX thread lets go of it dozens of times a "
-        "step and waits this long for it at most each time",
+        "(Python's switch interval, 5 ms by default): the MLX thread lets go of it dozens of times a step "
+        "and waits up to this long for it each time (shorter: docs/benchmarks.md)",
     )
     cuda_mps: Literal["auto", "on", "off"] = Field(
         "auto",
