@@ -70,8 +70,8 @@ def test_a_level_measures_the_engine_with_the_adaptive_call_limit_off_unless_ask
 def test_a_sentence_most_calls_transcribe_but_one_call_does_not_is_named_with_that_call(
     tmp_path: Path,
 ) -> None:
-    """The silent sentence (no call got anything for it) is the model's; a sentence that other calls
-    did get a transcript for, missing in one call, is a lead into that call's log: its Call-ID."""
+    """A sentence that half the calls or more got nothing for is the model's; one that most calls did
+    get a transcript for, missing in one call, is a lead into that call's log: its Call-ID."""
     got = {"ttf_s": 0.3, "ttfp_s": 0.1, "sentence": "a.wav#0"}
     lost = {"ttf_s": None, "ttfp_s": None, "sentence": "a.wav#0", "start_ms": 500, "end_ms": 2100}
     silent = {"ttf_s": None, "ttfp_s": None, "sentence": "b.wav#1"}
