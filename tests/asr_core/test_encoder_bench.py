@@ -115,6 +115,8 @@ def test_kernel_profile_script_warms_every_batch_bucket_as_the_engine_does() -> 
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "warm-up: 4 batch buckets up to 5" in proc.stdout  # 1, 2, 4, 8
+    # and the device decoder's: rows 1, 2, 4, 8 by frames 1, 2, 4, 8, 16
+    assert "device decoder warm-up: 20 shapes up to 5 rows" in proc.stdout
 
 
 NCU_COLUMNS = [

@@ -16,8 +16,9 @@ elementwise fused under mx.compile, …) and by name and prints per-step millise
 the whole and the launch count. `--smoke` runs the first form with a tiny config on whatever device
 there is (the test suite's CPU), with nothing to bracket. Several `--batch` sizes run one after the
 other on one model (without ncu: the step's wall time at each, for one model build).
-`--warm-buckets MAX_BATCH` runs only the engine's warm-up on that model (every batch bucket), which on
-CUDA leaves the compiled kernels in MLX's cache on disk for a gateway started next
+`--warm-buckets MAX_BATCH` runs only the engine's warm-ups on that model (every batch bucket of the
+encoder, every shape of the device decoder), which on CUDA leave the compiled kernels in MLX's cache on
+disk for a gateway started next
 (`tools/device/h200_run.sh` runs it beside `ttg make-bundle` on a fresh machine).
 """
 
@@ -199,6 +200,20 @@ def warm_buckets(max_batch: int, seed: int, smoke: bool) -> None:
     buckets = encoder.warmup(LOOKAHEAD, max_batch)
     seconds = time.perf_counter() - t0
     print(f"warm-up: {buckets} batch buckets up to {max_batch} in {seconds:.1f} s", flush=True)
+    # The device decoder's warm-up as the engine runs it (f32, rows up to max_batch, chunks up to 16
+    # frames), on random weights of the bundle's shapes: its kernels are the rest of a gateway's start.
+    from asr_core.decoder.device import DeviceDecoder
+    from asr_core.decoder.numpy_rnnt import RnntWeights
+    from tools.bundle.spec import SPECS
+    from tools.bundle.weights import random_rnnt_weights
+
+    spec = SPECS["tiny" if smoke else "full"]
+    rnnt = RnntWeights.from_torch_names(random_rnnt_weights(spec, seed), spec.decoder_layers)
+    decoder = DeviceDecoder(rnnt, spec.blank_id, spec.max_symbols_per_step)
+    t0 = time.perf_counter()
+    shapes = decoder.warmup(max_rows=max_batch)
+    seconds = time.perf_counter() - t0
+    print(f"device decoder warm-up: {shapes} shapes up to {max_batch} rows in {seconds:.1f} s", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

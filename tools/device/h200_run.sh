@@ -34,15 +34,15 @@ make_bundle() {
 }
 # The encoder phase builds its random weights in memory; it makes the bundle beside its kernel profile
 # (CPU work beside GPU kernel timings), so that the next call on the warm machine starts a gateway at once.
-# On a machine without the bundle, the encoder's kernels compile beside it: the engines' warm-up on random
-# weights of the same size fills MLX's kernel cache on disk (by kernel source), so the gateway's engines
-# then find them instead of compiling for minutes after the bundle.
+# On a machine without the bundle, the engines' kernels compile beside it: their warm-ups (the encoder's
+# and the device decoder's) on random weights of the same size fill MLX's kernel cache on disk (by kernel
+# source), so the gateway's engines then find them instead of compiling for minutes after the bundle.
 if [ "$phase" != encoder ] && [ "$phase" != dispatch ]; then
   if [ ! -e /tmp/full.done ]; then
     make_bundle &
     bundle=$!
     python3 -m tools.bench.gpu_kernels --warm-buckets "${MAX_BATCH:-512}" 2>&1 | tail -3
-    stamp "encoder kernels compiled"
+    stamp "engine kernels compiled"
     wait "$bundle" || exit 1
   fi
   make_bundle || exit 1
@@ -185,7 +185,7 @@ dispatch)
   done
   if [ -n "${bundle:-}" ]; then
     python3 -m tools.bench.gpu_kernels --warm-buckets "${MAX_BATCH:-512}" 2>&1 | tail -3
-    stamp "encoder kernels compiled"
+    stamp "engine kernels compiled"
     wait "$bundle"
   fi
   ;;
