@@ -330,7 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         datefmt="%Y-%m-%dT%H:%M:%S",
     )
     logging.Formatter.converter = time.gmtime
-    if args.switch_interval_ms is not None:  # before any thread starts (asr_core.remote says why)
+    # Before any thread starts. The MLX thread lets go of the lock in every `mx.eval` and large numpy
+    # operation and waits up to this interval to get it back (TTG_DAEMON__ENGINE_SWITCH_INTERVAL_MS).
+    if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     control = socket.socket(fileno=args.control)
     fatal = threading.Event()

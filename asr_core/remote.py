@@ -64,12 +64,6 @@ def ignore_stop_signals() -> None:
 
 CHUNK_CHANNEL_BYTES = 16 << 20  # ~1,000 chunks of 32 x 128 mels: seconds of a busy worker's output
 RESULTS_CHANNEL_BYTES = 8 << 20
-# The engine process's interpreter-lock hand-over interval (`sys.setswitchinterval`). Its MLX thread
-# lets go of the lock in every `mx.eval` and numpy operation on large arrays, and its receiver, decoder
-# and transcript threads take it meanwhile; to get it back the MLX thread waits until the holder is made
-# to drop it, at most this long — and is itself made to drop it this often. Python's 5 ms: shorter ones
-# (0.5, 0.2 ms) did not make the gateway faster on the H200 (docs/benchmarks.md).
-ENGINE_SWITCH_INTERVAL_MS = 5.0
 
 
 class ChunkSender:
@@ -140,10 +134,10 @@ class EngineProcess:
         env: dict[str, str] | None = None,
         role: str = "engine",
         device_share: float = 1.0,
-        switch_interval_ms: float = ENGINE_SWITCH_INTERVAL_MS,
+        switch_interval_ms: float | None = None,
     ) -> None:
         self.model_dir = str(model_dir)
-        self.switch_interval_ms = switch_interval_ms
+        self.switch_interval_ms = switch_interval_ms  # sys.setswitchinterval there; None: Python's
         self.device_share = device_share  # of the accelerator's memory (several engines share one)
         self.role = role  # its name in process listings
         self.precision = precision
@@ -188,13 +182,14 @@ class EngineProcess:
             self.python, "-m", "asr_core.host",
             "--model", self.model_dir, "--precision", self.precision,
             "--device-share", repr(self.device_share),
-            "--switch-interval-ms", repr(self.switch_interval_ms),
             "--config", json.dumps(engine_config_to_json(self.config)),
             "--inputs", ",".join(e.encode() for e in engine_inputs),
             "--output", w.encode(),
             "--control", str(ctrl_there.fileno()),
             "--log-level", self.log_level, "--role", self.role,
         ]  # fmt: skip
+        if self.switch_interval_ms is not None:
+            cmd += ["--switch-interval-ms", repr(self.switch_interval_ms)]
         self.proc = subprocess.Popen(cmd, pass_fds=fds, env=self.env)
         ctrl_there.close()
         self._control = ctrl_here

@@ -335,7 +335,7 @@ class DaemonSettings(BaseModel):
         "kernel launches are the limit (a GPU: docs/benchmarks.md)",
     )
     engine_switch_interval_ms: float = Field(
-        5.0,  # asr_core.remote.ENGINE_SWITCH_INTERVAL_MS (not imported: it would load numpy here)
+        5.0,  # Python's own; shorter ones did not make the gateway faster (docs/benchmarks.md)
         gt=0,
         le=100,
         description="In each engine process, how soon a thread that waits for the interpreter lock gets it "

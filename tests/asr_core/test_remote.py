@@ -20,7 +20,7 @@ from asr_core.api import StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import DecoderConfig, EngineConfig, SchedulerConfig
 from asr_core.engine import AsrEngine
 from asr_core.model import GPU_CACHE_LIMIT_BYTES, AsrModel, gpu_memory_limits
-from asr_core.remote import ENGINE_SWITCH_INTERVAL_MS, EngineProcess
+from asr_core.remote import EngineProcess
 from asr_core.wire import Event, Step
 from tools.bench.engine import synthetic_call
 
@@ -186,12 +186,15 @@ def test_the_parent_sees_the_engine_process_die(engine_process: Any) -> None:
 
 
 def test_the_engine_process_hands_the_interpreter_lock_over_at_the_interval_it_is_given(
-    tiny_bundle: Path,
+    engine_process: Any, tiny_bundle: Path
 ) -> None:
-    """The daemon's setting reaches the engine process (Python's 5 ms unless set), which runs with it."""
+    """The daemon's setting reaches the engine process, which runs with it; unset (the daemon's
+    default), Python's own 5 ms."""
     from gateway.config import DaemonSettings
 
-    assert DaemonSettings().engine_switch_interval_ms == ENGINE_SWITCH_INTERVAL_MS == 5.0
+    assert DaemonSettings().engine_switch_interval_ms == 5.0
+    unset, _ = engine_process
+    assert unset.info["switch_interval_ms"] == 5.0
     engine = EngineProcess(tiny_bundle, "f32", _config(), front_ends=1, switch_interval_ms=1.5)
     try:
         engine.start(timeout=300)

@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         metavar="MAX_BATCH",
-        help="only the engine's warm-up up to MAX_BATCH (fills MLX's kernel cache on disk)",
+        help="only the engine's warm-ups (encoder, device decoder) up to MAX_BATCH rows (fills MLX's "
+        "kernel cache on disk)",
     )
     args = parser.parse_args(argv)
     if args.summarize is not None:

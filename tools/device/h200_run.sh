@@ -32,6 +32,10 @@ make_bundle() {
   touch /tmp/full.done
   stamp "bundle ready"
 }
+warm_kernels() {
+  python3 -m tools.bench.gpu_kernels --warm-buckets "${MAX_BATCH:-512}" 2>&1 | tail -3
+  stamp "engine kernels compiled"
+}
 # The encoder phase builds its random weights in memory; it makes the bundle beside its kernel profile
 # (CPU work beside GPU kernel timings), so that the next call on the warm machine starts a gateway at once.
 # On a machine without the bundle, the engines' kernels compile beside it: their warm-ups (the encoder's
@@ -41,8 +45,7 @@ if [ "$phase" != encoder ] && [ "$phase" != dispatch ]; then
   if [ ! -e /tmp/full.done ]; then
     make_bundle &
     bundle=$!
-    python3 -m tools.bench.gpu_kernels --warm-buckets "${MAX_BATCH:-512}" 2>&1 | tail -3
-    stamp "engine kernels compiled"
+    warm_kernels
     wait "$bundle" || exit 1
   fi
   make_bundle || exit 1
@@ -184,8 +187,7 @@ dispatch)
       --batch 512 128 32 1 --interleave 5 2>&1 | grep -v "steps profiled" | tee -a "$OUT/dispatch.txt"
   done
   if [ -n "${bundle:-}" ]; then
-    python3 -m tools.bench.gpu_kernels --warm-buckets "${MAX_BATCH:-512}" 2>&1 | tail -3
-    stamp "engine kernels compiled"
+    warm_kernels
     wait "$bundle"
   fi
   ;;
