@@ -14,6 +14,7 @@ transcripts are meaningless (a warning says so). Any layout the loader reads wor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -121,11 +122,14 @@ def transcribe(
     on_event: Any = None,
     vad: str | None = None,
     endpoint: Any = None,
+    max_batch: int | None = None,
+    hooks: Any = None,
 ) -> list[list[Any]]:
     """Run the files as concurrent streams; returns each file's events (StreamEnded last).
 
     `language`: one for all files or one per file; `endpoint`: an `EndpointConfig` (default: the
-    engine's)."""
+    engine's); `max_batch`: the scheduler's rows a step (default: the engine's); `hooks`: the engine's
+    `EngineHooks`."""
     from asr_core.api import StreamEnded, StreamOptions
     from asr_core.config import DecoderConfig, EndpointConfig, EngineConfig, SchedulerConfig
     from asr_core.engine import AsrEngine
@@ -133,8 +137,11 @@ def transcribe(
 
     decoder = DecoderConfig() if decoder_mode is None else DecoderConfig(mode=decoder_mode)  # type: ignore[arg-type]
     # A queue bound well above the reader's backlog limit: the file reader, not the drop policy, paces.
+    scheduler = SchedulerConfig(max_queued_chunks=4 * BACKLOG_LIMIT)
+    if max_batch is not None:
+        scheduler = dataclasses.replace(scheduler, max_batch=max_batch)
     config = EngineConfig(
-        scheduler=SchedulerConfig(max_queued_chunks=4 * BACKLOG_LIMIT),
+        scheduler=scheduler,
         decoder=decoder,
         vad=VadConfig() if vad is None else VadConfig(kind=vad),  # type: ignore[arg-type]
         endpoint=EndpointConfig() if endpoint is None else endpoint,
@@ -153,7 +160,7 @@ def transcribe(
         return cb
 
     block = 16_000 * BLOCK_MS // 1000
-    with AsrEngine(model, config) as engine:
+    with AsrEngine(model, config, hooks) as engine:
         streams = [
             engine.open_stream(str(j.path), StreamOptions(language=lang, lookahead=lookahead), callback(j))
             for j, lang in zip(jobs, languages, strict=True)

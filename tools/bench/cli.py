@@ -26,6 +26,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "quant": ("tools.bench.quant", "encoder step and weight memory: f16 vs q8 vs mixed68 bundles, same run"),
     "vad": ("tools.bench.vad", "voice activity on telephone audio: end-of-speech latency, misses, splits"),
     "ttf": ("tools.bench.ttf", "time to final through real calls: redis-server + ttg serve + ttg replay"),
+    "batch-parity": (
+        "tools.bench.batch_parity",
+        "a stream's final tokens alone and as one row of a large batch, per precision",
+    ),
     "speechlike": (
         "tools.bench.speechlike",
         "tokens/s in speech and in pauses, finals at pauses (espeak-ng)",

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -116,6 +117,38 @@ def _cpu_ticks(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _machine() -> tuple[int, int, int] | None:
+    """The whole machine (Linux /proc/stat): busy and total jiffies of all CPUs, and the tasks runnable
+    now (running or waiting for a core): with the load generator on the same machine, whether the
+    cores ran short is a property of the machine, not of any one process."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    jiffies = [int(x) for x in lines[0].split()[1:]]
+    idle = jiffies[3] + (jiffies[4] if len(jiffies) > 4 else 0)  # idle + iowait
+    runnable = next((int(line.split()[1]) for line in lines if line.startswith("procs_running ")), 0)
+    return sum(jiffies[:8]) - idle, sum(jiffies[:8]), runnable
+
+
+def machine_window(samples: list[dict[str, Any]], ncpu: int) -> dict[str, Any]:
+    """Busy cores of the whole machine (mean over the samples' span, and the busiest one-sample step)
+    and the runnable tasks (mean, max); {} without two samples that have /proc/stat."""
+    have = [s["machine"] for s in samples if s.get("machine")]
+    if len(have) < 2:
+        return {}
+    steps = [ncpu * (b[0] - a[0]) / (b[1] - a[1]) for a, b in itertools.pairwise(have) if b[1] > a[1]]
+    (busy0, total0, _), (busy1, total1, _) = have[0], have[-1]
+    runnable = [r for _, _, r in have]
+    return {
+        "machine_cores": ncpu,
+        "machine_busy_cores_mean": round(ncpu * (busy1 - busy0) / max(1, total1 - total0), 2),
+        "machine_busy_cores_max": round(max(steps), 2) if steps else None,
+        "runnable_mean": round(float(np.mean(runnable)), 1),
+        "runnable_max": max(runnable),
+    }
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for p in Path("/proc").iterdir():
@@ -182,7 +215,7 @@ class Sampler:
                 ticks = _cpu_ticks(pid)
                 if ticks is not None:
                     cpu[name] = ticks
-            sample: dict[str, Any] = {"t": t, "cpu": cpu}
+            sample: dict[str, Any] = {"t": t, "cpu": cpu, "machine": _machine()}
             if smi:
                 with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
                     out = subprocess.run(
@@ -206,6 +239,7 @@ class Sampler:
             for name, v in b["cpu"].items():
                 if name in a["cpu"] and dt > 0:
                     out["cpu_percent"][name] = round(100 * (v - a["cpu"][name]) / dt, 1)
+        out.update(machine_window(inside, os.cpu_count() or 1))
         gpu = [s["gpu_util"] for s in inside if "gpu_util" in s]
         if gpu:
             out["gpu_util_mean"] = round(float(np.mean(gpu)), 1)
@@ -513,6 +547,11 @@ def _table(rows: list[dict[str, Any]]) -> str:
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in rows:
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.get("cpu_percent", {}).items()))
+        if "machine_busy_cores_mean" in r:
+            cpu += (
+                f"; machine {r['machine_busy_cores_mean']} (max {r['machine_busy_cores_max']}) of "
+                f"{r['machine_cores']} cores busy, {r['runnable_mean']} (max {r['runnable_max']}) runnable"
+            )
         gpu = f"{r['gpu_util_mean']:.0f} / {r['gpu_util_max']:.0f}" if "gpu_util_mean" in r else "-"
         missing = ""
         if r.get("without_final"):

@@ -7,12 +7,13 @@
 #   bash tools/device/h200_run.sh profile 1000   # engine process at N calls: per-thread CPU, py-spy
 #   bash tools/device/h200_run.sh encoder   # the encoder step alone: wall time per B, B=512 under ncu
 #   bash tools/device/h200_run.sh dispatch  # the step's wall time per B under MLX's CUDA-graph settings
+#   bash tools/device/h200_run.sh parity    # each kit clip's tokens alone and as a row of 512 (f16, f32)
 #
 # Every phase: MLX + wheels (device_env.sh), the kit's redis-server, a full-size f16 bundle generated
 # into /tmp/full (random weights, calibrated as `ttg make-bundle` does). Results go to $OUT (at most 8
 # files come back): the JSON/markdown summaries, the daemon's log, this script's log.
 set -uo pipefail
-phase=${1:?usage: h200_run.sh engine|gateway|profile|encoder|dispatch [levels]}
+phase=${1:?usage: h200_run.sh engine|gateway|profile|encoder|dispatch|parity [levels]}
 levels=${2:-500,1000,2000}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -23,6 +24,9 @@ source .whl/device_env.sh || exit 1
 source tools/device/kit_env.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv
 nproc
+# Whether the cores are hyperthreads (two of the 16 sharing one core's units): the engines' dispatch threads
+# then slow down when the media workers run on their siblings.
+lscpu | grep -E "^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)|CPU max MHz)" || true
 # A warm machine keeps /tmp: a bundle an earlier call finished is used again (the same seed and code).
 make_bundle() {
   [ -e /tmp/full.done ] && return 0
@@ -103,6 +107,24 @@ gateway)
         echo "no profile: engine pid '$pid', py-spy '$spy'"
       fi
     ) &
+  fi
+  # RENICE_MEDIA=N: once the gateway is ready, its media workers at niceness N (the engines' MLX threads
+  # first when the cores run short); ENGINE_CPUS=LIST / MEDIA_CPUS=LIST: the engine processes' / media
+  # workers' threads on those cores only.
+  if [ -n "${RENICE_MEDIA:-}${ENGINE_CPUS:-}${MEDIA_CPUS:-}" ]; then
+    ( until grep -q "gateway ready" "$OUT/run.log" 2>/dev/null; do sleep 1; done
+      if [ -n "${RENICE_MEDIA:-}" ]; then
+        for pid in $(pgrep -f "gateway.workers.media_worker"); do renice -n "$RENICE_MEDIA" -p "$pid" > /dev/null; done
+        stamp "media workers at niceness $RENICE_MEDIA: $(pgrep -f gateway.workers.media_worker | wc -l)"
+      fi
+      if [ -n "${ENGINE_CPUS:-}" ]; then
+        for pid in $(pgrep -f "asr_core.host"); do taskset -a -cp "$ENGINE_CPUS" "$pid" > /dev/null; done
+        stamp "engine processes on cores $ENGINE_CPUS: $(pgrep -f asr_core.host | wc -l)"
+      fi
+      if [ -n "${MEDIA_CPUS:-}" ]; then
+        for pid in $(pgrep -f "gateway.workers.media_worker"); do taskset -a -cp "$MEDIA_CPUS" "$pid" > /dev/null; done
+        stamp "media workers on cores $MEDIA_CPUS"
+      fi ) &
   fi
   # Which processes hold the GPU, once the first level runs (with several engines: the gateway's MPS
   # server and its clients; GATEWAY_ARGS="--env TTG_DAEMON__CUDA_MPS=off" for the engines time-sliced).
@@ -190,6 +212,12 @@ dispatch)
     warm_kernels
     wait "$bundle"
   fi
+  ;;
+parity)
+  # Whether a stream says the same alone and as one row of a large batch on this GPU (f16 rounding that
+  # depends on the GEMMs' shapes), then the same in f32; PRECISIONS: the list.
+  python3 -m gateway.cli bench batch-parity --model /tmp/full --audio "$KIT_AUDIO" --streams "${STREAMS:-512}" \
+    --precision ${PRECISIONS:-f16 f32} --json "$OUT/parity.json" 2>&1 | grep -v "falls behind" | tee "$OUT/parity.txt"
   ;;
 profile)
   # Where the engine process's time goes in steady state: the engine-procs bench at one level, and
