@@ -1,5 +1,6 @@
 """`ttg bench batch-parity` on the CPU: in f32 every stream of a many-row run says exactly what its
-file says alone (batched == solo, through the whole engine with device-style decoding)."""
+file says alone (batched == solo, through the whole engine with device-style decoding), and the
+encoder's frames of a stream stepped in a batch are its solo frames within rounding."""
 
 from __future__ import annotations
 
@@ -34,3 +35,4 @@ def test_every_stream_of_a_batched_run_has_its_files_solo_tokens_in_f32(tmp_path
     assert all(n > 0 for n in r["solo_final_tokens"].values()), r  # each file says something alone
     assert r["max_batch"] > 1  # the streams really shared steps
     assert r["differing_streams"] == 0, r["examples"]
+    assert r["frames_max_rel_diff"] < 1e-4  # the encoder's frames too, within f32 rounding

@@ -7,7 +7,10 @@ Each audio file (any rate; `ttg transcribe`'s reading) goes through the engine a
 streams (file i mod n each) go through one engine at once with the scheduler's batch limit at
 `--streams`, so that steps carry hundreds of rows. Per precision, printed: how many of the streams' final
 token sequences differ from their file's solo run, the steps' mean and largest batch, and for up to
-`--examples` differing streams the two texts.
+`--examples` differing streams the two texts. Then the encoder alone (its device defaults: on a GPU
+compiled and batch-padded): each file's chunks stepped alone and, for `--streams` streams, every
+stream's next chunk in one step; printed: the largest difference of a stream's frames from its file's
+solo frames, absolute and relative to the frames' RMS (rounding: ~1e-3 in f16; a wrong row: ~1).
 
 On the CPU in f32 a row's arithmetic does not depend on its batch (the test suite checks batched == solo
 to 1e-5). On a GPU in f16 the library picks its GEMM kernels by shape, so the same row may round
@@ -54,12 +57,17 @@ def run(
     model_dir: Path, files: list[Path], streams: int, precision: str, decoder_mode: str
 ) -> dict[str, Any]:
     """One precision: every file solo, then `streams` streams together; the differences."""
+    from asr_core.features import log_mel
     from asr_core.hooks import NullHooks
     from asr_core.model import AsrModel
     from tools.transcribe import read_audio, transcribe
 
     audios = [read_audio(f) for f in files]
     model = AsrModel.load(model_dir, precision)
+    cfg = model.bundle.config
+    frames = encoder_frames_parity(
+        model, [log_mel(a, model.bundle.mel_filters, cfg.features) for a in audios], streams
+    )
     solo = [
         transcribe(model, [f], [a], language="en-US", lookahead=3, decoder_mode=decoder_mode)[0]
         for f, a in zip(files, audios, strict=True)
@@ -98,8 +106,52 @@ def run(
         "mean_batch": round(sum(batch_sizes) / max(1, len(batch_sizes)), 1),
         "max_batch": max(batch_sizes, default=0),
         "wall_s": round(wall, 1),
+        **frames,
         "examples": differing,
     }
+
+
+def encoder_frames_parity(model: Any, mels: list[Any], streams: int, lookahead: int = 3) -> dict[str, Any]:
+    """Each mel's chunks through the encoder alone, then `streams` streams (mel i mod n) stepped
+    together; the largest difference of a stream's frames from its mel's solo frames."""
+    import numpy as np
+
+    from asr_core.chunker import MelChunker
+    from asr_core.encoder import ChunkInput, StreamingEncoder
+
+    bundle = model.bundle
+    # This device's defaults, as the engine builds it (on a GPU: compiled, batch-padded).
+    encoder = StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, bundle.precision)
+    prompt = model.prompt_id("en-US")
+
+    def chunks(mel: Any) -> list[tuple[Any, bool]]:
+        chunker = MelChunker(lookahead, bundle.config.encoder.subsampling_factor)
+        out = [(c, False) for c in chunker.push(mel)]
+        last = chunker.finish()
+        return [*out, (np.zeros((0, mel.shape[1]), np.float32) if last is None else last, True)]
+
+    cut = [chunks(m) for m in mels]
+    solo = []
+    for cs in cut:
+        slot = encoder.alloc(prompt, lookahead)
+        solo.append(np.concatenate([encoder.step([ChunkInput(slot, c, last)])[0] for c, last in cs]))
+        encoder.release(slot)
+    slots = [encoder.alloc(prompt, lookahead) for _ in range(streams)]
+    got: list[list[Any]] = [[] for _ in range(streams)]
+    for k in range(max(len(cs) for cs in cut)):
+        rows = [(i, cut[i % len(cut)][k]) for i in range(streams) if k < len(cut[i % len(cut)])]
+        frames = encoder.step([ChunkInput(slots[i], c, last) for i, (c, last) in rows])
+        for (i, _), f in zip(rows, frames, strict=True):
+            got[i].append(f)
+    for slot in slots:
+        encoder.release(slot)
+    worst_abs = worst_rel = 0.0
+    for i in range(streams):
+        ref = solo[i % len(cut)].astype(np.float64)
+        diff = float(np.abs(np.concatenate(got[i]).astype(np.float64) - ref).max())
+        worst_abs = max(worst_abs, diff)
+        worst_rel = max(worst_rel, diff / max(1e-12, float(np.sqrt(np.mean(ref**2)))))
+    return {"frames_max_abs_diff": worst_abs, "frames_max_rel_diff": worst_rel}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -113,7 +165,9 @@ def main(args: argparse.Namespace) -> int:
         print(
             f"{r['precision']} on {r['device']}: {r['differing_streams']} of {r['streams']} streams "
             f"differ from their file's solo run (files: {', '.join(r['differing_files']) or 'none'}); "
-            f"steps of {r['mean_batch']} rows on average, {r['max_batch']} at most; {r['wall_s']} s",
+            f"steps of {r['mean_batch']} rows on average, {r['max_batch']} at most; {r['wall_s']} s; "
+            f"encoder frames batched vs solo: max |diff| {r['frames_max_abs_diff']:.3g}, "
+            f"{r['frames_max_rel_diff']:.3g} of their RMS",
             flush=True,
         )
         for d in r["examples"][: args.examples]:

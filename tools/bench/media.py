@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -46,6 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the UDP measurement")
     parser.add_argument("--loop", choices=["asyncio", "uvloop", "both"], default="both")
     parser.add_argument("--block-ms", type=int, default=80)
+    parser.add_argument(
+        "--spread", action="store_true",
+        help="calls' packets spread evenly over each 20 ms (as independent phones send) instead of one burst",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tick-ms", type=float, nargs="+", default=[0.0],
+        help="receiver's wake-up tick(s) to compare: the loop sleeps this long between its turns so that "
+        "each turn reads every datagram queued meanwhile (0: a turn per arrival)",
+    )  # fmt: skip
     parser.add_argument("--skip-udp", action="store_true")
     parser.add_argument("--out", default="var/bench/media.json", help="where to save the numbers")
 
@@ -114,8 +124,9 @@ def bench_blocks(repeats: int = 7) -> dict[str, float]:
     return out
 
 
-def _send_calls(ports: list[int], seconds: float, ready: Any) -> None:
-    """Sender process: one socket per call, 20 ms PCMU, paced on absolute deadlines."""
+def _send_calls(ports: list[int], seconds: float, ready: Any, spread: bool = False) -> None:
+    """Sender process: one socket per call, 20 ms PCMU, paced on absolute deadlines; `spread`: call i
+    sends i/n of a period after call 0 (phones are not in phase), else all in one burst."""
     packets = [p.data for p in RtpSender("PCMU", seq=1, timestamp=0, ssrc=1).audio(_speech(160 * 50)).packets]
     socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in ports]
     ready.wait()
@@ -132,7 +143,11 @@ def _send_calls(ports: list[int], seconds: float, ready: Any) -> None:
         # Rewrite seq/timestamp so every packet is new (bytes 2-7).
         header = pkt[:2] + ((k + 1) & 0xFFFF).to_bytes(2, "big") + ((160 * k) & 0xFFFFFFFF).to_bytes(4, "big")
         data = header + pkt[8:]
-        for sock, port in zip(socks, ports, strict=True):
+        for i, (sock, port) in enumerate(zip(socks, ports, strict=True)):
+            if spread:
+                lag = due + 0.02 * i / len(socks) - time.monotonic()
+                if lag > 0:
+                    time.sleep(lag)
             sock.sendto(data, ("127.0.0.1", port))
         k += 1
     for sock in socks:
@@ -152,14 +167,26 @@ class _CountingSink:
         pass
 
 
-async def _receive(calls: int, seconds: float, block_ms: int) -> dict[str, float]:
+async def _hold_between_turns(ms: float) -> None:
+    """Keep the loop asleep `ms` between its turns: the datagrams that arrive meanwhile wait in their
+    sockets and the next turn reads them all (one wake-up for many). Not in the gateway: every await
+    hop of its other work would wait a tick too (docs/benchmarks.md)."""
+    while True:
+        time.sleep(ms / 1000)
+        await asyncio.sleep(0)
+
+
+async def _receive(
+    calls: int, seconds: float, block_ms: int, spread: bool = False, tick_ms: float = 0.0
+) -> dict[str, float]:
     config = MediaConfig(block_ms=block_ms, idle_fill_after_s=0.0)
     mgr = MediaManager(config, host="127.0.0.1", port_min=46000, port_max=46000 + 4 * calls + 200)
     medias = [await mgr.open(PLAN, _CountingSink(), name=f"bench{i}") for i in range(calls)]
     ctx = mp.get_context("fork")
     ready = ctx.Event()
-    proc = ctx.Process(target=_send_calls, args=([m.port for m in medias], seconds, ready))
+    proc = ctx.Process(target=_send_calls, args=([m.port for m in medias], seconds, ready, spread))
     proc.start()
+    ticker = asyncio.create_task(_hold_between_turns(tick_ms)) if tick_ms > 0 else None
     await asyncio.sleep(0.2)
     ready.set()
     await asyncio.sleep(1.0)  # warm-up: priming, first blocks
@@ -170,6 +197,8 @@ async def _receive(calls: int, seconds: float, block_ms: int) -> dict[str, float
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     p1 = sum(m.stats().packets_received for m in medias)
     wall = time.monotonic() - w0
+    if ticker is not None:
+        ticker.cancel()
     proc.join()
     stats = [m.close() for m in medias]
     user = r1.ru_utime - r0.ru_utime
@@ -178,6 +207,8 @@ async def _receive(calls: int, seconds: float, block_ms: int) -> dict[str, float
     packets = p1 - p0
     return {
         "calls": calls,
+        "spread": spread,
+        "tick_ms": tick_ms,
         "packets_per_s": packets / wall,
         "cpu_us_per_packet": cpu / max(packets, 1) * 1e6,
         "user_us_per_packet": user / max(packets, 1) * 1e6,
@@ -188,12 +219,15 @@ async def _receive(calls: int, seconds: float, block_ms: int) -> dict[str, float
     }
 
 
-def bench_udp(calls: int, seconds: float, loop_kind: str, block_ms: int) -> dict[str, float]:
+def bench_udp(
+    calls: int, seconds: float, loop_kind: str, block_ms: int, spread: bool = False, tick_ms: float = 0.0
+) -> dict[str, float]:
+    receive = _receive(calls, seconds, block_ms, spread, tick_ms)
     if loop_kind == "uvloop":
         import uvloop
 
-        return uvloop.run(_receive(calls, seconds, block_ms))
-    return asyncio.run(_receive(calls, seconds, block_ms))
+        return uvloop.run(receive)
+    return asyncio.run(receive)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -210,10 +244,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"{key:36s} {value * (100 if 'share' in key else 1):7.3f} {unit}")
     if not args.skip_udp:
         loops = ["asyncio", "uvloop"] if args.loop == "both" else [args.loop]
-        for kind in loops:
-            r = bench_udp(args.calls, args.seconds, kind, args.block_ms)
-            results[f"udp_{kind}"] = r
-            print(f"UDP {kind:8s} {r['calls']} calls: {r['packets_per_s']:.0f} pkt/s, "
+        for kind, tick in itertools.product(loops, args.tick_ms):
+            r = bench_udp(args.calls, args.seconds, kind, args.block_ms, args.spread, tick)
+            results[f"udp_{kind}" + (f"_tick{tick:g}ms" if tick else "")] = r
+            print(f"UDP {kind:8s} tick {tick:g} ms, {r['calls']} calls: {r['packets_per_s']:.0f} pkt/s, "
                   f"{r['cpu_us_per_packet']:.2f} µs CPU/packet (user {r['user_us_per_packet']:.2f}, "
                   f"system {r['system_us_per_packet']:.2f}), {100 * r['core_share']:.1f} % of a core, "
                   f"lost {r['lost']}, late {r['late']}")  # fmt: skip
