@@ -12,10 +12,12 @@ compiled and batch-padded): each file's chunks stepped alone and, for `--streams
 stream's next chunk in one step; printed: the largest difference of a stream's frames from its file's
 solo frames, absolute and relative to the frames' RMS (rounding: ~1e-3 in f16; a wrong row: ~1).
 
-On the CPU in f32 a row's arithmetic does not depend on its batch (the test suite checks batched == solo
-to 1e-5). On a GPU in f16 the library picks its GEMM kernels by shape, so the same row may round
-differently in a batch of 512 than alone; this program measures whether that changes what is said.
-Numbers only: nothing here asserts.
+On the CPU a row's arithmetic does not depend on its batch (the test suite checks batched == solo to
+1e-5 in f32). On a GPU the libraries pick their kernels by shape (one row or many; f16, or TF32 for
+f32), so the same row may round differently in a batch of 512 than alone; this program measures
+whether that changes what is said, and how far the frames move. The encoder part runs without the
+engine's warm-up: on a fresh GPU machine each new shape compiles first. Numbers only: nothing here
+asserts.
 """
 
 from __future__ import annotations

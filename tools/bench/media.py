@@ -244,9 +244,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"{key:36s} {value * (100 if 'share' in key else 1):7.3f} {unit}")
     if not args.skip_udp:
         loops = ["asyncio", "uvloop"] if args.loop == "both" else [args.loop]
+        results["udp"] = []  # one run per loop and tick, in the order run (a tick given twice runs twice)
         for kind, tick in itertools.product(loops, args.tick_ms):
             r = bench_udp(args.calls, args.seconds, kind, args.block_ms, args.spread, tick)
-            results[f"udp_{kind}" + (f"_tick{tick:g}ms" if tick else "")] = r
+            results["udp"].append({"loop": kind, **r})
             print(f"UDP {kind:8s} tick {tick:g} ms, {r['calls']} calls: {r['packets_per_s']:.0f} pkt/s, "
                   f"{r['cpu_us_per_packet']:.2f} µs CPU/packet (user {r['user_us_per_packet']:.2f}, "
                   f"system {r['system_us_per_packet']:.2f}), {100 * r['core_share']:.1f} % of a core, "
