@@ -10,7 +10,10 @@ token sequences differ from their file's solo run, the steps' mean and largest b
 `--examples` differing streams the two texts. Then the encoder alone (its device defaults: on a GPU
 compiled and batch-padded): each file's chunks stepped alone and, for `--streams` streams, every
 stream's next chunk in one step; printed: the largest difference of a stream's frames from its file's
-solo frames, absolute and relative to the frames' RMS (rounding: ~1e-3 in f16; a wrong row: ~1).
+solo frames, absolute and relative to the frames' RMS (rounding: ~1e-3 in f16; a wrong row: ~1). Last,
+the decoder alone on those solo frames: the device decoder per file and as `--streams` streams at once,
+each against the per-stream reference decoder (onnxruntime on the CPU), so that a difference above is
+placed in the encoder or in the decoder.
 
 On the CPU a row's arithmetic does not depend on its batch (the test suite checks batched == solo to
 1e-5 in f32). On a GPU the libraries pick their kernels by shape (one row or many; f16, or TF32 for
@@ -67,9 +70,10 @@ def run(
     audios = [read_audio(f) for f in files]
     model = AsrModel.load(model_dir, precision)
     cfg = model.bundle.config
-    frames = encoder_frames_parity(
+    frames, solo_chunks = encoder_frames_parity(
         model, [log_mel(a, model.bundle.mel_filters, cfg.features) for a in audios], streams
     )
+    decoding = decoder_parity(model, solo_chunks, streams)
     solo = [
         transcribe(model, [f], [a], language="en-US", lookahead=3, decoder_mode=decoder_mode)[0]
         for f, a in zip(files, audios, strict=True)
@@ -109,13 +113,17 @@ def run(
         "max_batch": max(batch_sizes, default=0),
         "wall_s": round(wall, 1),
         **frames,
+        **decoding,
         "examples": differing,
     }
 
 
-def encoder_frames_parity(model: Any, mels: list[Any], streams: int, lookahead: int = 3) -> dict[str, Any]:
+def encoder_frames_parity(
+    model: Any, mels: list[Any], streams: int, lookahead: int = 3
+) -> tuple[dict[str, Any], list[list[Any]]]:
     """Each mel's chunks through the encoder alone, then `streams` streams (mel i mod n) stepped
-    together; the largest difference of a stream's frames from its mel's solo frames."""
+    together; the largest difference of a stream's frames from its mel's solo frames, and each mel's
+    solo frames chunk by chunk."""
     import numpy as np
 
     from asr_core.chunker import MelChunker
@@ -133,11 +141,12 @@ def encoder_frames_parity(model: Any, mels: list[Any], streams: int, lookahead: 
         return [*out, (np.zeros((0, mel.shape[1]), np.float32) if last is None else last, True)]
 
     cut = [chunks(m) for m in mels]
-    solo = []
+    solo_chunks = []
     for cs in cut:
         slot = encoder.alloc(prompt, lookahead)
-        solo.append(np.concatenate([encoder.step([ChunkInput(slot, c, last)])[0] for c, last in cs]))
+        solo_chunks.append([encoder.step([ChunkInput(slot, c, last)])[0] for c, last in cs])
         encoder.release(slot)
+    solo = [np.concatenate(fs) for fs in solo_chunks]
     slots = [encoder.alloc(prompt, lookahead) for _ in range(streams)]
     got: list[list[Any]] = [[] for _ in range(streams)]
     for k in range(max(len(cs) for cs in cut)):
@@ -153,7 +162,52 @@ def encoder_frames_parity(model: Any, mels: list[Any], streams: int, lookahead: 
         diff = float(np.abs(np.concatenate(got[i]).astype(np.float64) - ref).max())
         worst_abs = max(worst_abs, diff)
         worst_rel = max(worst_rel, diff / max(1e-12, float(np.sqrt(np.mean(ref**2)))))
-    return {"frames_max_abs_diff": worst_abs, "frames_max_rel_diff": worst_rel}
+    return {"frames_max_abs_diff": worst_abs, "frames_max_rel_diff": worst_rel}, solo_chunks
+
+
+def decoder_parity(model: Any, solo_chunks: list[list[Any]], streams: int) -> dict[str, Any]:
+    """The same encoder frames (each file's solo frames, chunk by chunk) through the device decoder
+    alone and as `streams` streams decoded together, and through the per-stream reference decoder
+    (onnxruntime on the CPU): how many streams' tokens differ from the reference either way."""
+
+    def ids(tokens: list[Any]) -> list[int]:
+        return [int(t.id) for t in tokens]
+
+    reference = []
+    for chunks in solo_chunks:
+        dec, first, out = model.new_decoder(), 0, []
+        state = dec.new_state()
+        for f in chunks:
+            out += ids(dec.decode(state, f, first))
+            first += f.shape[0]
+        reference.append(out)
+    device = model.new_device_decoder()
+    device_solo = []
+    for chunks in solo_chunks:
+        (slot,), first, out = device.alloc_many(1), 0, []
+        for f in chunks:
+            out += ids(device.decode([slot], [f], [first])[0])
+            first += f.shape[0]
+        device.release(slot)
+        device_solo.append(out)
+    slots = device.alloc_many(streams)
+    together: list[list[int]] = [[] for _ in range(streams)]
+    firsts = [0] * streams
+    n = len(solo_chunks)
+    for k in range(max(len(c) for c in solo_chunks)):
+        rows = [i for i in range(streams) if k < len(solo_chunks[i % n])]
+        frames = [solo_chunks[i % n][k] for i in rows]
+        decoded = device.decode([slots[i] for i in rows], frames, [firsts[i] for i in rows])
+        for i, tokens in zip(rows, decoded, strict=True):
+            together[i] += ids(tokens)
+        for i, f in zip(rows, frames, strict=True):
+            firsts[i] += f.shape[0]
+    for slot in slots:
+        device.release(slot)
+    return {
+        "decoder_device_solo_vs_reference": sum(a != b for a, b in zip(device_solo, reference, strict=True)),
+        "decoder_device_batched_vs_reference": sum(together[i] != reference[i % n] for i in range(streams)),
+    }
 
 
 def main(args: argparse.Namespace) -> int:
@@ -169,7 +223,9 @@ def main(args: argparse.Namespace) -> int:
             f"differ from their file's solo run (files: {', '.join(r['differing_files']) or 'none'}); "
             f"steps of {r['mean_batch']} rows on average, {r['max_batch']} at most; {r['wall_s']} s; "
             f"encoder frames batched vs solo: max |diff| {r['frames_max_abs_diff']:.3g}, "
-            f"{r['frames_max_rel_diff']:.3g} of their RMS",
+            f"{r['frames_max_rel_diff']:.3g} of their RMS; the same frames decoded, streams whose tokens "
+            f"differ from the reference decoder's: device solo {r['decoder_device_solo_vs_reference']} of "
+            f"{r['files']}, device batched {r['decoder_device_batched_vs_reference']} of {r['streams']}",
             flush=True,
         )
         for d in r["examples"][: args.examples]:
