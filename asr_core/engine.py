@@ -662,16 +662,28 @@ class _StepReport:
             totals.update({f"decoder_{k}": v for k, v in device.stats().items()})
         d = {k: v - self.last.get(k, 0.0) for k, v in totals.items()}
         steps = d.get("step", 0.0)
+        memory = getattr(encoder, "memory", None)
         if steps:
             logger.info(
                 "encoder: %d steps in %.0f s, %.1f rows/step; calls/step: %.2f subsampling, %.2f stack, "
-                "%.2f untraced; ms/step: plan %.1f, graph %.1f, eval %.1f, copy %.1f, decode %.1f%s",
+                "%.2f untraced; ms/step: plan %.1f, graph %.1f, eval %.1f, copy %.1f, decode %.1f%s%s",
                 steps, now - self.since, self.rows / steps, d.get("sub", 0.0) / steps,
                 d.get("stack", 0.0) / steps, d.get("untraced", 0.0) / steps,
                 *(1e3 * d.get(f"{k}_s", 0.0) / steps for k in ("plan", "graph", "eval", "copy")),
                 1e3 * d["decode_s"] / steps, _decoder_rates(d),
+                _memory_text(memory()) if memory is not None else "",
             )  # fmt: skip
         self.last, self.rows, self.since = totals, 0, now
+
+
+def _memory_text(m: dict[str, int]) -> str:
+    """The step report's memory part: whether the period's peak came near the limit, where MLX frees
+    its cached buffers before allocating (slow on a GPU)."""
+    mib = {k: round(v / 2**20) for k, v in m.items()}
+    return (
+        f"; memory MiB: active {mib['active']}, cached {mib['cached']}, peak {mib['peak']} of limit "
+        f"{mib['limit']}"
+    )
 
 
 def _thread_role() -> str:

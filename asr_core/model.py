@@ -334,6 +334,21 @@ class _EncoderAdapter:
         enc = self._encoder
         return {**enc.calls, **{f"{k}_s": v for k, v in enc.seconds.items()}}
 
+    def memory(self) -> dict[str, int]:
+        """MLX's memory in this process, in bytes: in use, cached for reuse, the most in use since the
+        last call (which starts the next period's), and the limit past which MLX frees its cache before
+        it allocates (on a GPU a synchronizing free: `gpu_memory_limits`)."""
+        import mlx.core as mx
+
+        out = {
+            "active": mx.get_active_memory(),
+            "cached": mx.get_cache_memory(),
+            "peak": mx.get_peak_memory(),
+            "limit": mx.get_memory_limit(),
+        }
+        mx.reset_peak_memory()
+        return out
+
     def warmup(self, lookahead: int, max_batch: int) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (GPU; on a CPU, at most one
         stream's chunks: `StreamingEncoder.warmup`)."""

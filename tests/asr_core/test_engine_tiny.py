@@ -300,7 +300,8 @@ def test_the_mlx_thread_reports_where_its_steps_went(
     tiny_model: AsrModel, caplog: pytest.LogCaptureFixture
 ) -> None:
     """At the latest when it stops, the MLX thread logs its steps, rows per step, compiled calls per
-    step and the step's phases: what an operator reads to tell a launch-bound step from a busy one."""
+    step and the step's phases: what an operator reads to tell a launch-bound step from a busy one; and
+    MLX's memory, to tell one that waits for the allocator near its limit."""
     hooks = CountingHooks()
     with caplog.at_level("INFO", logger="asr_core.engine"), AsrEngine(tiny_model, config(), hooks) as eng:
         run_solo(eng, synthetic_call(2.0, seed=7), StreamOptions(language="en-US"))
@@ -309,6 +310,9 @@ def test_the_mlx_thread_reports_where_its_steps_went(
     assert sum(steps) == len(hooks.batches)
     assert sum(s * r for s, r in zip(steps, rows, strict=True)) == pytest.approx(sum(hooks.batches), rel=0.05)
     assert all("stack" in m and "graph" in m and "eval" in m for m in lines)
+    # And MLX's memory: in use, cached, the period's peak and the limit past which MLX frees its cache.
+    peak, limit = (float(x) for x in lines[-1].split("peak ")[1].split(" of limit "))
+    assert 0 < peak <= limit
 
 
 class _WatchedDeviceDecoder:
