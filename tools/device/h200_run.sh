@@ -7,7 +7,7 @@
 #   bash tools/device/h200_run.sh profile 1000   # engine process at N calls: per-thread CPU, py-spy
 #   bash tools/device/h200_run.sh encoder   # the encoder step alone: wall time per B, B=512 under ncu
 #   bash tools/device/h200_run.sh dispatch  # the step's wall time per B under MLX's CUDA-graph settings
-#   bash tools/device/h200_run.sh parity    # each kit clip's tokens alone and as a row of 512 (f16, f32)
+#   bash tools/device/h200_run.sh parity    # each kit clip alone and as a row of 512: tokens, frames, decoder
 #
 # Every phase: MLX + wheels (device_env.sh), the kit's redis-server, a full-size f16 bundle generated
 # into /tmp/full (random weights, calibrated as `ttg make-bundle` does). Results go to $OUT (at most 8
@@ -214,8 +214,9 @@ dispatch)
   fi
   ;;
 parity)
-  # Whether a stream says the same alone and as one row of a large batch on this GPU (f16 rounding that
-  # depends on the GEMMs' shapes), then the same in f32; PRECISIONS: the list.
+  # Whether a stream says the same alone and as one row of a large batch on this GPU, and where a
+  # difference comes from (the encoder's frames; the device decoder against the reference decoder);
+  # STREAMS: the batch, PRECISIONS: one run each.
   python3 -m gateway.cli bench batch-parity --model /tmp/full --audio "$KIT_AUDIO" --streams "${STREAMS:-512}" \
     --precision ${PRECISIONS:-f16 f32} --json "$OUT/parity.json" 2>&1 | grep -v "falls behind" | tee "$OUT/parity.txt"
   ;;
