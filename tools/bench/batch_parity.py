@@ -236,7 +236,4 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")
-    from asr_core.model import release_mlx_thread
-
-    release_mlx_thread()  # the encoder and device decoder checks ran MLX on this thread
     return 0
