@@ -62,17 +62,13 @@ def run(
     model_dir: Path, files: list[Path], streams: int, precision: str, decoder_mode: str
 ) -> dict[str, Any]:
     """One precision: every file solo, then `streams` streams together; the differences."""
-    from asr_core.features import log_mel
     from asr_core.hooks import NullHooks
     from asr_core.model import AsrModel
     from tools.transcribe import read_audio, transcribe
 
     audios = [read_audio(f) for f in files]
     model = AsrModel.load(model_dir, precision)
-    cfg = model.bundle.config
-    frames, solo_chunks = encoder_frames_parity(
-        model, [log_mel(a, model.bundle.mel_filters, cfg.features) for a in audios], streams
-    )
+    frames, solo_chunks = encoder_frames_parity(model, audios, streams)
     decoding = decoder_parity(model, solo_chunks, streams)
     solo = [
         transcribe(model, [f], [a], language="en-US", lookahead=3, decoder_mode=decoder_mode)[0]
@@ -119,39 +115,36 @@ def run(
 
 
 def encoder_frames_parity(
-    model: Any, mels: list[Any], streams: int, lookahead: int = 3
+    model: Any, audios: list[Any], streams: int, lookahead: int = 3
 ) -> tuple[dict[str, Any], list[list[Any]]]:
-    """Each mel's chunks through the encoder alone, then `streams` streams (mel i mod n) stepped
-    together; the largest difference of a stream's frames from its mel's solo frames, and each mel's
-    solo frames chunk by chunk."""
+    """Each audio's chunks through the encoder alone, then `streams` streams (audio i mod n) stepped
+    together; the largest difference of a stream's frames from its audio's solo frames, and each
+    audio's solo frames chunk by chunk."""
     import numpy as np
 
-    from asr_core.chunker import MelChunker
-    from asr_core.encoder import ChunkInput, StreamingEncoder
-
-    bundle = model.bundle
-    # This device's defaults, as the engine builds it (on a GPU: compiled, batch-padded).
-    encoder = StreamingEncoder(bundle.encoder_weights, bundle.config.encoder, bundle.precision)
+    # The engine's own encoder (on a GPU: compiled, batch-padded) and front end (log-mel and chunker).
+    encoder = model.create_encoder()
     prompt = model.prompt_id("en-US")
 
-    def chunks(mel: Any) -> list[tuple[Any, bool]]:
-        chunker = MelChunker(lookahead, bundle.config.encoder.subsampling_factor)
-        out = [(c, False) for c in chunker.push(mel)]
-        last = chunker.finish()
-        return [*out, (np.zeros((0, mel.shape[1]), np.float32) if last is None else last, True)]
+    def chunks(audio: Any) -> list[tuple[Any, bool]]:
+        front = model.new_frontend(lookahead)
+        out = front.push(audio)
+        rest, last_is_final = front.finish()
+        out += rest
+        return [(c, last_is_final and i == len(out) - 1) for i, c in enumerate(out)]
 
-    cut = [chunks(m) for m in mels]
+    cut = [chunks(a) for a in audios]
     solo_chunks = []
     for cs in cut:
         slot = encoder.alloc(prompt, lookahead)
-        solo_chunks.append([encoder.step([ChunkInput(slot, c, last)])[0] for c, last in cs])
+        solo_chunks.append([encoder.step([(slot, c, last, False)])[0] for c, last in cs])
         encoder.release(slot)
     solo = [np.concatenate(fs) for fs in solo_chunks]
     slots = [encoder.alloc(prompt, lookahead) for _ in range(streams)]
     got: list[list[Any]] = [[] for _ in range(streams)]
     for k in range(max(len(cs) for cs in cut)):
         rows = [(i, cut[i % len(cut)][k]) for i in range(streams) if k < len(cut[i % len(cut)])]
-        frames = encoder.step([ChunkInput(slots[i], c, last) for i, (c, last) in rows])
+        frames = encoder.step([(slots[i], c, last, False) for i, (c, last) in rows])
         for (i, _), f in zip(rows, frames, strict=True):
             got[i].append(f)
     for slot in slots:
