@@ -229,15 +229,16 @@ class AsrModel:
     def text(self) -> TextDecoder:
         return self._text
 
-    def create_encoder(self) -> EncoderBackend:
+    def create_encoder(self, *, compile: bool | None = None) -> EncoderBackend:
         """Build the MLX encoder (slot pool, compiled steps) on the calling thread: the engine calls
         this on its MLX thread, because MLX streams, and so everything built on them, are
-        thread-local (a pool built on another thread aborts the process at exit)."""
+        thread-local (a pool built on another thread aborts the process at exit). `compile`: the
+        device's default (None: compiled and batch-padded on a GPU), or either way for checks."""
         from asr_core.encoder import StreamingEncoder
 
         cfg = self.bundle.config
         return _EncoderAdapter(
-            StreamingEncoder(self.bundle.encoder_weights, cfg.encoder, self.bundle.precision)
+            StreamingEncoder(self.bundle.encoder_weights, cfg.encoder, self.bundle.precision, compile=compile)
         )
 
     def prompt_id(self, language: str) -> int:

@@ -1,7 +1,7 @@
 """`ttg bench batch-parity` on the CPU: in f32 every stream of a many-row run says exactly what its
 file says alone (batched == solo, through the whole engine with device-style decoding), the encoder's
-frames of a stream stepped in a batch are its solo frames within rounding, and the device decoder gives
-the reference decoder's tokens for them alone and in a batch."""
+frames of a stream stepped in a batch are its solo frames within rounding (compiled or not, and the
+CPU's), and the device decoder gives the reference decoder's tokens for them alone and in a batch."""
 
 from __future__ import annotations
 
@@ -37,5 +37,16 @@ def test_every_stream_of_a_batched_run_has_its_files_solo_tokens_in_f32(tmp_path
     assert r["max_batch"] > 1  # the streams really shared steps
     assert r["differing_streams"] == 0, r["examples"]
     assert r["frames_max_rel_diff"] < 1e-4  # the encoder's frames too, within f32 rounding
+    # Compiled or not, batched or not, and against the CPU's: the same frames within f32 rounding.
+    assert set(r["frames"]) >= {
+        "engine batched vs engine solo",
+        "plain solo vs engine solo",
+        "engine solo vs cpu",
+    }
+    assert all(d["rel"] < 1e-4 and d["first_chunk_over_1pct"] is None for d in r["frames"].values()), r[
+        "frames"
+    ]
+    assert r["reference_on_batched_frames_vs_solo_frames"] == 0
+    assert r["matmul_one_row_vs_eight_rel_diff"]["f32"] < 1e-4
     # The device decoder, alone and batched, says what the reference decoder says on the same frames.
     assert r["decoder_device_solo_vs_reference"] == 0 and r["decoder_device_batched_vs_reference"] == 0

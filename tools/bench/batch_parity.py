@@ -13,7 +13,11 @@ stream's next chunk in one step; printed: the largest difference of a stream's f
 solo frames, absolute and relative to the frames' RMS (rounding: ~1e-3 in f16; a wrong row: ~1). Last,
 the decoder alone on those solo frames: the device decoder per file and as `--streams` streams at once,
 each against the per-stream reference decoder (onnxruntime on the CPU), so that a difference above is
-placed in the encoder or in the decoder.
+placed in the encoder or in the decoder. The frames are also computed by a plain encoder (not
+compiled, not batch-padded) on the same device, alone and batched, and the first file's first chunks
+on the CPU, each compared, so that a difference is placed in compilation, padding or the device's
+kernels; the reference decoder also decodes each file's batched frames; and one row's matrix product
+alone (a matrix-vector kernel) is compared with the same row among eight.
 
 On the CPU a row's arithmetic does not depend on its batch (the test suite checks batched == solo to
 1e-5 in f32). On a GPU the libraries pick their kernels by shape (one row or many; f16, or TF32 for
@@ -68,8 +72,8 @@ def run(
 
     audios = [read_audio(f) for f in files]
     model = AsrModel.load(model_dir, precision)
-    frames, solo_chunks = encoder_frames_parity(model, audios, streams)
-    decoding = decoder_parity(model, solo_chunks, streams)
+    frames, solo_chunks, batched_chunks = encoder_frames_parity(model, audios, streams)
+    decoding = decoder_parity(model, solo_chunks, batched_chunks, streams)
     solo = [
         transcribe(model, [f], [a], language="en-US", lookahead=3, decoder_mode=decoder_mode)[0]
         for f, a in zip(files, audios, strict=True)
@@ -110,20 +114,22 @@ def run(
         "wall_s": round(wall, 1),
         **frames,
         **decoding,
+        "matmul_one_row_vs_eight_rel_diff": matmul_parity(model.info.precision),
         "examples": differing,
     }
 
 
 def encoder_frames_parity(
-    model: Any, audios: list[Any], streams: int, lookahead: int = 3
-) -> tuple[dict[str, Any], list[list[Any]]]:
+    model: Any, audios: list[Any], streams: int, lookahead: int = 3, cpu_chunks: int = 4
+) -> tuple[dict[str, Any], list[list[Any]], list[list[Any]]]:
     """Each audio's chunks through the encoder alone, then `streams` streams (audio i mod n) stepped
-    together; the largest difference of a stream's frames from its audio's solo frames, and each
-    audio's solo frames chunk by chunk."""
-    import numpy as np
+    together, with the engine's encoder (on a GPU: compiled, batch-padded) and with a plain one (neither)
+    on the same device; and the first audio's first `cpu_chunks` chunks alone on the CPU (the reference:
+    no GPU kernel). Returns each comparison's largest difference (absolute, relative to the frames'
+    RMS, and the first chunk that differs by more than 1 % of it), each audio's engine frames alone and
+    each stream's in the batch, chunk by chunk."""
+    import mlx.core as mx
 
-    # The engine's own encoder (on a GPU: compiled, batch-padded) and front end (log-mel and chunker).
-    encoder = model.create_encoder()
     prompt = model.prompt_id("en-US")
 
     def chunks(audio: Any) -> list[tuple[Any, bool]]:
@@ -134,46 +140,118 @@ def encoder_frames_parity(
         return [(c, last_is_final and i == len(out) - 1) for i, c in enumerate(out)]
 
     cut = [chunks(a) for a in audios]
-    solo_chunks = []
-    for cs in cut:
-        slot = encoder.alloc(prompt, lookahead)
-        solo_chunks.append([encoder.step([(slot, c, last, False)])[0] for c, last in cs])
-        encoder.release(slot)
-    solo = [np.concatenate(fs) for fs in solo_chunks]
-    slots = [encoder.alloc(prompt, lookahead) for _ in range(streams)]
-    got: list[list[Any]] = [[] for _ in range(streams)]
-    for k in range(max(len(cs) for cs in cut)):
-        rows = [(i, cut[i % len(cut)][k]) for i in range(streams) if k < len(cut[i % len(cut)])]
-        frames = encoder.step([(slots[i], c, last, False) for i, (c, last) in rows])
-        for (i, _), f in zip(rows, frames, strict=True):
-            got[i].append(f)
-    for slot in slots:
-        encoder.release(slot)
+
+    def solo(encoder: Any, cuts: list[list[tuple[Any, bool]]]) -> list[list[Any]]:
+        out = []
+        for cs in cuts:
+            slot = encoder.alloc(prompt, lookahead)
+            out.append([encoder.step([(slot, c, last, False)])[0] for c, last in cs])
+            encoder.release(slot)
+        return out
+
+    def batched(encoder: Any) -> list[list[Any]]:
+        slots = [encoder.alloc(prompt, lookahead) for _ in range(streams)]
+        got: list[list[Any]] = [[] for _ in range(streams)]
+        for k in range(max(len(cs) for cs in cut)):
+            rows = [(i, cut[i % len(cut)][k]) for i in range(streams) if k < len(cut[i % len(cut)])]
+            frames = encoder.step([(slots[i], c, last, False) for i, (c, last) in rows])
+            for (i, _), f in zip(rows, frames, strict=True):
+                got[i].append(f)
+        for slot in slots:
+            encoder.release(slot)
+        return got
+
+    engine = model.create_encoder()
+    engine_solo, engine_batched = solo(engine, cut), batched(engine)
+    plain = model.create_encoder(compile=False)
+    plain_solo, plain_batched = solo(plain, cut), batched(plain)
+    device = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        (cpu,) = solo(model.create_encoder(compile=False), [cut[0][:cpu_chunks]])
+    finally:
+        mx.set_default_device(device)
+    n = len(cut)
+    pairs = {
+        "engine batched vs engine solo": [(engine_batched[i], engine_solo[i % n]) for i in range(streams)],
+        "plain solo vs engine solo": list(zip(plain_solo, engine_solo, strict=True)),
+        "plain batched vs plain solo": [(plain_batched[i], plain_solo[i % n]) for i in range(streams)],
+        "engine solo vs cpu": [(engine_solo[0], cpu)],
+        "engine batched vs cpu": [(engine_batched[0], cpu)],
+        "plain solo vs cpu": [(plain_solo[0], cpu)],
+    }
+    frames = {name: _frames_diff(p) for name, p in pairs.items()}
+    worst = frames["engine batched vs engine solo"]
+    summary = {"frames_max_abs_diff": worst["abs"], "frames_max_rel_diff": worst["rel"], "frames": frames}
+    return summary, engine_solo, engine_batched
+
+
+def _frames_diff(pairs: list[tuple[list[Any], list[Any]]]) -> dict[str, Any]:
+    """The largest difference of frames from their reference over (chunks, reference chunks) pairs
+    (the common chunks), absolute and relative to the reference's RMS, and the first chunk index at
+    which any pair differs by more than 1 % of that RMS (None: none)."""
+    import numpy as np
+
     worst_abs = worst_rel = 0.0
-    for i in range(streams):
-        ref = solo[i % len(cut)].astype(np.float64)
-        diff = float(np.abs(np.concatenate(got[i]).astype(np.float64) - ref).max())
-        worst_abs = max(worst_abs, diff)
-        worst_rel = max(worst_rel, diff / max(1e-12, float(np.sqrt(np.mean(ref**2)))))
-    return {"frames_max_abs_diff": worst_abs, "frames_max_rel_diff": worst_rel}, solo_chunks
+    first: int | None = None
+    for got, ref in pairs:
+        k = min(len(got), len(ref))
+        rms = max(1e-12, float(np.sqrt(np.mean(np.concatenate(ref[:k]).astype(np.float64) ** 2))))
+        for j in range(k):
+            diff = float(np.abs(got[j].astype(np.float64) - ref[j]).max(initial=0.0))
+            worst_abs, worst_rel = max(worst_abs, diff), max(worst_rel, diff / rms)
+            if diff > 0.01 * rms and (first is None or j < first):
+                first = j
+    return {"abs": worst_abs, "rel": worst_rel, "first_chunk_over_1pct": first}
 
 
-def decoder_parity(model: Any, solo_chunks: list[list[Any]], streams: int) -> dict[str, Any]:
+def matmul_parity(precision: str) -> dict[str, float]:
+    """One row times a matrix alone (M = 1: libraries pick a matrix-vector kernel) against the same row
+    inside M = 8 rows, for the shapes of the prediction network and joint (random values), in f32 and in
+    `precision`: the largest difference relative to the product's RMS. Rounding: ~1e-7 (f32), ~1e-3
+    (f16); a kernel that is wrong for one shape: ~1."""
+    import mlx.core as mx
+    import numpy as np
+
+    from asr_core.bundle import PRECISIONS
+
+    rng = np.random.default_rng(0)
+    out = {}
+    for name in sorted({"f32", precision}):
+        dtype, worst = PRECISIONS[name], 0.0
+        for k, n in ((640, 2560), (640, 640), (640, 1025), (1024, 4096)):
+            w = mx.array(rng.standard_normal((k, n)) / np.sqrt(k), dtype=dtype)
+            x = mx.array(rng.standard_normal((8, k)), dtype=dtype)
+            one, many = (x[:1] @ w).astype(mx.float32), (x @ w)[:1].astype(mx.float32)
+            rms = mx.sqrt(mx.mean(many * many))
+            worst = max(worst, float((mx.max(mx.abs(one - many)) / rms).item()))
+        out[name] = worst
+    return out
+
+
+def decoder_parity(
+    model: Any, solo_chunks: list[list[Any]], batched_chunks: list[list[Any]], streams: int
+) -> dict[str, Any]:
     """The same encoder frames (each file's solo frames, chunk by chunk) through the device decoder
     alone and as `streams` streams decoded together, and through the per-stream reference decoder
-    (onnxruntime on the CPU): how many streams' tokens differ from the reference either way."""
+    (onnxruntime on the CPU): how many streams' tokens differ from the reference either way. And the
+    reference decoder on each file's first stream's frames from the batch: whether the encoder's
+    batched frames alone change the tokens."""
 
     def ids(tokens: list[Any]) -> list[int]:
         return [int(t.id) for t in tokens]
 
-    reference = []
-    for chunks in solo_chunks:
+    def reference_tokens(chunks: list[Any]) -> list[int]:
         dec, first, out = model.new_decoder(), 0, []
         state = dec.new_state()
         for f in chunks:
             out += ids(dec.decode(state, f, first))
             first += f.shape[0]
-        reference.append(out)
+        return out
+
+    reference = [reference_tokens(chunks) for chunks in solo_chunks]
+    n = len(solo_chunks)
+    from_batch = [reference_tokens(batched_chunks[i]) for i in range(min(n, streams))]
     device = model.new_device_decoder()
     device_solo = []
     for chunks in solo_chunks:
@@ -186,7 +264,6 @@ def decoder_parity(model: Any, solo_chunks: list[list[Any]], streams: int) -> di
     slots = device.alloc_many(streams)
     together: list[list[int]] = [[] for _ in range(streams)]
     firsts = [0] * streams
-    n = len(solo_chunks)
     for k in range(max(len(c) for c in solo_chunks)):
         rows = [i for i in range(streams) if k < len(solo_chunks[i % n])]
         frames = [solo_chunks[i % n][k] for i in rows]
@@ -200,6 +277,9 @@ def decoder_parity(model: Any, solo_chunks: list[list[Any]], streams: int) -> di
     return {
         "decoder_device_solo_vs_reference": sum(a != b for a, b in zip(device_solo, reference, strict=True)),
         "decoder_device_batched_vs_reference": sum(together[i] != reference[i % n] for i in range(streams)),
+        "reference_on_batched_frames_vs_solo_frames": sum(
+            a != b for a, b in zip(from_batch, reference, strict=False)
+        ),
     }
 
 
@@ -218,9 +298,18 @@ def main(args: argparse.Namespace) -> int:
             f"encoder frames batched vs solo: max |diff| {r['frames_max_abs_diff']:.3g}, "
             f"{r['frames_max_rel_diff']:.3g} of their RMS; the same frames decoded, streams whose tokens "
             f"differ from the reference decoder's: device solo {r['decoder_device_solo_vs_reference']} of "
-            f"{r['files']}, device batched {r['decoder_device_batched_vs_reference']} of {r['streams']}",
+            f"{r['files']}, device batched {r['decoder_device_batched_vs_reference']} of {r['streams']}; "
+            f"the reference decoder on batched frames vs on solo frames: "
+            f"{r['reference_on_batched_frames_vs_solo_frames']} of {min(r['files'], r['streams'])} files "
+            f"differ; one row alone vs in eight rows, a matrix product's largest difference relative "
+            f"to its RMS: {r['matmul_one_row_vs_eight_rel_diff']}",
             flush=True,
         )
+        for name, d in r["frames"].items():
+            print(
+                f"  frames, {name}: max |diff| {d['abs']:.3g}, {d['rel']:.3g} of the reference's RMS, "
+                f"first chunk beyond 1 %: {d['first_chunk_over_1pct']}"
+            )
         for d in r["examples"][: args.examples]:
             print(f"  stream {d['stream']} ({d['file']})")
             print(f"    solo:    {d['solo']}\n    batched: {d['batched']}")
