@@ -713,6 +713,7 @@ class Daemon:
             port_min=s.rtp.port_min,
             port_max=s.rtp.port_max,
             quarantine_s=s.rtp.port_quarantine_s,
+            intake_tick_s=s.rtp.intake_tick_ms / 1000,
             log_level=s.log.level,
             uvloop=s.daemon.uvloop,
         )

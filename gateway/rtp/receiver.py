@@ -11,13 +11,27 @@ sink (a sink exception is logged and never reaches the socket), and one `loop.ca
 serves the core's `next_deadline()` and a once-a-second metrics flush. The timer is only moved earlier
 per packet, never re-armed for a later deadline (the core tolerates early wake-ups), so a steady stream
 costs no timer churn.
+
+Two ways to read the sockets (`MediaManager(intake_tick_s=...)`): each socket on the event loop (0, the
+default: a datagram is handled as soon as the loop sees it), or one `_Intake` that serves every call of
+the process each tick: it polls their sockets through a selector of its own, drains the ready ones and
+runs the calls' due deadlines. At hundreds of calls a process the first wakes the loop for nearly every
+datagram and playout deadline, and those wake-ups, not the packets, are much of the receive path's CPU
+(docs/benchmarks.md); the intake takes each datagram's arrival time from the kernel (SO_TIMESTAMPNS), so
+jitter and playout see when it came, not when it was read, and leaves the loop's other work (engine
+results, signalling) undelayed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import selectors
 import socket
+import struct
+import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +82,15 @@ def media_config(rtp: RtpSettings) -> MediaConfig:
 # Datagrams read from a socket at close, at most (60 s of 20 ms packets), and their largest size.
 MAX_PENDING_AT_CLOSE = 3000
 MAX_DATAGRAM = 65535
+# Datagrams the intake reads from one socket in one turn: a flood on one port cannot hold the others'
+# (what is left is read next turn; the kernel keeps it, RECEIVE_BUFFER).
+MAX_PER_TURN = 64
+# Each datagram's arrival time from the kernel, on Linux: SO_TIMESTAMPNS (socket(7); 35 in
+# asm-generic/socket.h, which x86-64 and arm64 use; Python names no constant), a struct timespec
+# (tv_sec, tv_nsec) in the control message. Elsewhere the intake takes a datagram's turn as its arrival.
+_SO_TIMESTAMPNS = 35 if sys.platform == "linux" else None
+_TIMESPEC = struct.Struct("@qq")
+_CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 
 
 class _Protocol(asyncio.DatagramProtocol):
@@ -85,7 +108,7 @@ class _Protocol(asyncio.DatagramProtocol):
         logger.debug("RTP socket error: %s", exc)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, timestamps: bool = False) -> socket.socket:
     infos = socket.getaddrinfo(
         host, port, type=socket.SOCK_DGRAM, flags=socket.AI_NUMERICHOST | socket.AI_PASSIVE
     )
@@ -94,6 +117,8 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.setblocking(False)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        if timestamps and _SO_TIMESTAMPNS is not None:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
         sock.bind(sockaddr)
     except OSError:
         sock.close()
@@ -101,8 +126,87 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Intake:
+    """Every call's sockets and deadlines served in batches, every `tick` seconds from one loop timer:
+    the sockets through a selector of its own (epoll on Linux, kqueue on macOS) polled, never waited
+    on; each ready socket drained (at most MAX_PER_TURN datagrams a turn), each datagram handed to its
+    call with its arrival time on the loop's clock; then each call whose core deadline (playout, idle
+    fill, timeouts, metrics) has come. A datagram is read, and a deadline served, up to a tick late;
+    arrival times are the kernel's."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, tick_s: float) -> None:
+        self._loop = loop
+        self._tick_s = tick_s
+        self._selector = selectors.DefaultSelector()
+        self._calls: set[CallMedia] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, media: CallMedia, sockets: Sequence[socket.socket]) -> None:
+        """`sockets`: the call's RTP then RTCP socket."""
+        for sock, rtcp in zip(sockets, (False, True), strict=True):
+            self._selector.register(sock, selectors.EVENT_READ, (media, rtcp))
+        self._calls.add(media)
+        if self._timer is None:
+            self._timer = self._loop.call_later(self._tick_s, self._turn)
+
+    def remove(self, media: CallMedia, sockets: Sequence[socket.socket]) -> None:
+        for sock in sockets:
+            with contextlib.suppress(KeyError):
+                self._selector.unregister(sock)
+        self._calls.discard(media)
+        if not self._calls and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _turn(self) -> None:
+        self._timer = self._loop.call_later(self._tick_s, self._turn)
+        now = self._loop.time()
+        ready = self._selector.select(0)
+        if ready:
+            self._read(ready, now)
+        for media in [m for m in self._calls if m._timer_at <= now]:
+            if not media.closed:
+                media._on_timer()
+
+    def _read(self, ready: list[tuple[selectors.SelectorKey, int]], now: float) -> None:
+        # The kernel stamps arrivals on CLOCK_REALTIME; the loop keeps its own clock: map through the
+        # two read together (an arrival never later than now).
+        offset = time.time() - now
+        readers = self._selector.get_map()
+        for key, _ in ready:
+            media, rtcp = key.data
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            for _ in range(MAX_PER_TURN):
+                if key.fd not in readers:  # a datagram's events closed the call
+                    break
+                try:
+                    data, ancillary, _, addr = sock.recvmsg(MAX_DATAGRAM, _CMSG_SPACE)
+                except OSError:  # BlockingIOError: drained
+                    break
+                at = now
+                for level, kind, value in ancillary:
+                    if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                        sec, nsec = _TIMESPEC.unpack(value)
+                        at = min(now, sec + nsec * 1e-9 - offset)
+                try:
+                    media._datagram(data, addr, rtcp, at)
+                except Exception:  # one call's failure must not starve the other calls' sockets
+                    logger.exception("media %s failed on a datagram", media.name)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._calls.clear()
+        self._selector.close()
+
+
 class MediaManager:
-    """Owns the port pool and the receive settings; opens one `CallMedia` per accepted stream."""
+    """Owns the port pool and the receive settings; opens one `CallMedia` per accepted stream.
+
+    `intake_tick_s` > 0: an `_Intake` serves the calls every that many seconds instead of the event
+    loop serving each socket and timer (the module docstring says when that pays)."""
 
     def __init__(
         self,
@@ -112,10 +216,13 @@ class MediaManager:
         port_min: int = 20000,
         port_max: int = 30000,
         quarantine_s: float = 2.0,
+        intake_tick_s: float = 0.0,
     ) -> None:
         self.config = config
         self.host = host
         self.pool = PortPool(port_min, port_max, quarantine_s=quarantine_s)
+        self.intake_tick_s = intake_tick_s
+        self._intake: _Intake | None = None
         self._open: set[CallMedia] = set()
 
     @classmethod
@@ -127,6 +234,7 @@ class MediaManager:
             port_min=rtp.port_min,
             port_max=rtp.port_max,
             quarantine_s=rtp.port_quarantine_s,
+            intake_tick_s=rtp.intake_tick_ms / 1000,
         )
 
     @property
@@ -142,21 +250,42 @@ class MediaManager:
         loop = asyncio.get_running_loop()
         rtp_sock, rtcp_sock, port = self._bind_pair(loop.time())
         media = CallMedia(self, plan, sink, port, name, loop)
-        try:
-            rtp_tr, _ = await loop.create_datagram_endpoint(lambda: _Protocol(media, False), sock=rtp_sock)
-            rtcp_tr, _ = await loop.create_datagram_endpoint(lambda: _Protocol(media, True), sock=rtcp_sock)
-        except BaseException:
-            rtp_sock.close()
-            rtcp_sock.close()
-            self.pool.release(port, loop.time())
-            raise
-        media._attach(rtp_tr, rtcp_tr, (rtp_sock, rtcp_sock))
+        if self.intake_tick_s > 0:
+            if self._intake is None:
+                self._intake = _Intake(loop, self.intake_tick_s)
+            media._attach([], (rtp_sock, rtcp_sock), ticked=True)
+            self._intake.add(media, (rtp_sock, rtcp_sock))
+        else:
+            try:
+                rtp_tr, _ = await loop.create_datagram_endpoint(
+                    lambda: _Protocol(media, False), sock=rtp_sock
+                )
+                rtcp_tr, _ = await loop.create_datagram_endpoint(
+                    lambda: _Protocol(media, True), sock=rtcp_sock
+                )
+            except BaseException:
+                rtp_sock.close()
+                rtcp_sock.close()
+                self.pool.release(port, loop.time())
+                raise
+            media._attach([rtp_tr, rtcp_tr], (rtp_sock, rtcp_sock))
         self._open.add(media)
         metrics.RTP_STREAMS.inc()
         return media
 
     def close_all(self) -> list[MediaStats]:
-        return [media.close() for media in list(self._open)]
+        stats = [media.close() for media in list(self._open)]
+        if self._intake is not None:
+            self._intake.close()
+            self._intake = None
+        return stats
+
+    def _release_sockets(self, media: CallMedia, sockets: Sequence[socket.socket]) -> None:
+        """A closing call's sockets, where the intake reads them (the loop's transports close their own)."""
+        if self._intake is not None:
+            self._intake.remove(media, sockets)
+            for sock in sockets:
+                sock.close()
 
     def _bind_pair(self, now: float) -> tuple[socket.socket, socket.socket, int]:
         for _ in range(min(BIND_ATTEMPTS, self.pool.capacity)):
@@ -166,13 +295,13 @@ class MediaManager:
                 metrics.RTP_PORTS_EXHAUSTED.inc()
                 raise
             try:
-                rtp = _bind(self.host, port)
+                rtp = _bind(self.host, port, timestamps=self.intake_tick_s > 0)
             except OSError as exc:
                 logger.warning("RTP port %d not bindable (%s); trying the next pair", port, exc)
                 self.pool.release(port, now)
                 continue
             try:
-                rtcp = _bind(self.host, port + 1)
+                rtcp = _bind(self.host, port + 1, timestamps=self.intake_tick_s > 0)
             except OSError as exc:
                 logger.warning("RTCP port %d not bindable (%s); trying the next pair", port + 1, exc)
                 rtp.close()
@@ -211,7 +340,8 @@ class CallMedia:
         self._transports: list[asyncio.DatagramTransport] = []
         self._sockets: tuple[socket.socket, ...] = ()  # (RTP, RTCP): read dry at close
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
+        self._timer_at = float("inf")  # the next deadline: the loop timer's, or the intake's to serve
+        self._ticked = False
         self._metrics_at = loop.time() + METRICS_PERIOD_S
         self._published: dict[str, int] = {}
         self._final: MediaStats | None = None
@@ -248,6 +378,8 @@ class CallMedia:
             self._timer = None
         for transport in self._transports:
             transport.close()
+        if not self._transports:
+            self._manager._release_sockets(self, self._sockets)
         self._transports.clear()
         stats = self._core.stats()
         self._final = stats
@@ -268,12 +400,16 @@ class CallMedia:
 
     def _attach(
         self,
-        rtp: asyncio.DatagramTransport,
-        rtcp: asyncio.DatagramTransport,
+        transports: list[asyncio.DatagramTransport],
         sockets: tuple[socket.socket, socket.socket],
+        *,
+        ticked: bool = False,
     ) -> None:
-        self._transports = [rtp, rtcp]
+        """The loop's transports of the sockets, or none and `ticked` where the manager's intake reads
+        them and serves the deadlines."""
+        self._transports = transports
         self._sockets = sockets
+        self._ticked = ticked
         self._schedule()
 
     def _read_pending(self) -> None:
@@ -288,11 +424,13 @@ class CallMedia:
                     break
                 self._datagram(data, addr, rtcp)
 
-    def _datagram(self, data: bytes, addr: Any, rtcp: bool) -> None:
+    def _datagram(self, data: bytes, addr: Any, rtcp: bool, now: float | None = None) -> None:
+        """One datagram, arrived at `now` on the loop's clock (None: now)."""
         if self._final is not None:
             return
         addr = (addr[0], addr[1])  # IPv6 addresses come as 4-tuples
-        now = self._loop.time()
+        if now is None:
+            now = self._loop.time()
         if rtcp:
             events = self._core.rtcp_datagram(data, addr, now)
         else:
@@ -320,6 +458,9 @@ class CallMedia:
         deadline = self._core.next_deadline()
         if deadline is not None and deadline < when:
             when = deadline
+        if self._ticked:
+            self._timer_at = min(self._timer_at, when)
+            return
         if self._timer is not None:
             if when >= self._timer_at:
                 return

@@ -214,6 +214,7 @@ async def _serve(args: argparse.Namespace) -> int:
         port_min=int(media["port_min"]),
         port_max=int(media["port_max"]),
         quarantine_s=float(media.get("quarantine_s", 2.0)),
+        intake_tick_s=float(media.get("intake_tick_s", 0.0)),
     )
     sender = ChunkSender(ChannelWriter.open(ChannelEnd.decode(args.chunks)))
     reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=args.control))

@@ -88,6 +88,7 @@ class MediaWorkerPool:
         port_min: int,
         port_max: int,
         quarantine_s: float,
+        intake_tick_s: float = 0.0,
         log_level: str = "INFO",
         uvloop: bool = False,
         python: str = sys.executable,
@@ -103,6 +104,7 @@ class MediaWorkerPool:
         self.host = host
         self.slices = split_ports(port_min, port_max, n)
         self.quarantine_s = quarantine_s
+        self.intake_tick_s = intake_tick_s
         self.log_level = log_level
         self.uvloop = uvloop
         self.python = python
@@ -128,7 +130,7 @@ class MediaWorkerPool:
         there.set_inheritable(True)
         lo, hi = self.slices[i]
         media = {"config": self.media_config, "host": self.host, "port_min": lo, "port_max": hi,
-                 "quarantine_s": self.quarantine_s}  # fmt: skip
+                 "quarantine_s": self.quarantine_s, "intake_tick_s": self.intake_tick_s}  # fmt: skip
         cmd = [
             self.python, "-m", "gateway.workers.media_worker", "--index", str(i),
             "--control", str(there.fileno()), "--chunks", end.encode(), "--spec", str(self.spec_file),

@@ -52,9 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="calls' packets spread evenly over each 20 ms (as independent phones send) instead of one burst",
     )  # fmt: skip
     parser.add_argument(
-        "--tick-ms", type=float, nargs="+", default=[0.0],
-        help="receiver's wake-up tick(s) to compare: the loop sleeps this long between its turns so that "
-        "each turn reads every datagram queued meanwhile (0: a turn per arrival)",
+        "--intake-tick-ms", type=float, nargs="+", default=[0.0],
+        help="receiver's RTP intake tick(s) to compare (`TTG_RTP__INTAKE_TICK_MS`: every call's sockets "
+        "read in batches every this many ms; 0: each socket on the event loop)",
     )  # fmt: skip
     parser.add_argument("--skip-udp", action="store_true")
     parser.add_argument("--out", default="var/bench/media.json", help="where to save the numbers")
@@ -167,26 +167,22 @@ class _CountingSink:
         pass
 
 
-async def _hold_between_turns(ms: float) -> None:
-    """Keep the loop asleep `ms` between its turns: the datagrams that arrive meanwhile wait in their
-    sockets and the next turn reads them all (one wake-up for many). Not in the gateway: every await
-    hop of its other work would wait a tick too (docs/benchmarks.md)."""
-    while True:
-        time.sleep(ms / 1000)
-        await asyncio.sleep(0)
-
-
 async def _receive(
     calls: int, seconds: float, block_ms: int, spread: bool = False, tick_ms: float = 0.0
 ) -> dict[str, float]:
     config = MediaConfig(block_ms=block_ms, idle_fill_after_s=0.0)
-    mgr = MediaManager(config, host="127.0.0.1", port_min=46000, port_max=46000 + 4 * calls + 200)
+    mgr = MediaManager(
+        config,
+        host="127.0.0.1",
+        port_min=46000,
+        port_max=46000 + 4 * calls + 200,
+        intake_tick_s=tick_ms / 1000,
+    )
     medias = [await mgr.open(PLAN, _CountingSink(), name=f"bench{i}") for i in range(calls)]
     ctx = mp.get_context("fork")
     ready = ctx.Event()
     proc = ctx.Process(target=_send_calls, args=([m.port for m in medias], seconds, ready, spread))
     proc.start()
-    ticker = asyncio.create_task(_hold_between_turns(tick_ms)) if tick_ms > 0 else None
     await asyncio.sleep(0.2)
     ready.set()
     await asyncio.sleep(1.0)  # warm-up: priming, first blocks
@@ -197,8 +193,6 @@ async def _receive(
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     p1 = sum(m.stats().packets_received for m in medias)
     wall = time.monotonic() - w0
-    if ticker is not None:
-        ticker.cancel()
     proc.join()
     stats = [m.close() for m in medias]
     user = r1.ru_utime - r0.ru_utime
@@ -214,6 +208,8 @@ async def _receive(
         "user_us_per_packet": user / max(packets, 1) * 1e6,
         "system_us_per_packet": system / max(packets, 1) * 1e6,
         "core_share": cpu / wall,
+        # RFC 3550 interarrival jitter, mean over the calls: the arrival times the receiver saw.
+        "jitter_ms_mean": sum(s.jitter_ms for s in stats) / max(1, len(stats)),
         "lost": sum(s.lost for s in stats),
         "late": sum(s.late for s in stats),
     }
@@ -245,13 +241,13 @@ def main(args: argparse.Namespace) -> int:
     if not args.skip_udp:
         loops = ["asyncio", "uvloop"] if args.loop == "both" else [args.loop]
         results["udp"] = []  # one run per loop and tick, in the order run (a tick given twice runs twice)
-        for kind, tick in itertools.product(loops, args.tick_ms):
+        for kind, tick in itertools.product(loops, args.intake_tick_ms):
             r = bench_udp(args.calls, args.seconds, kind, args.block_ms, args.spread, tick)
             results["udp"].append({"loop": kind, **r})
-            print(f"UDP {kind:8s} tick {tick:g} ms, {r['calls']} calls: {r['packets_per_s']:.0f} pkt/s, "
+            print(f"UDP {kind:8s} intake {tick:g} ms, {r['calls']} calls: {r['packets_per_s']:.0f} pkt/s, "
                   f"{r['cpu_us_per_packet']:.2f} µs CPU/packet (user {r['user_us_per_packet']:.2f}, "
                   f"system {r['system_us_per_packet']:.2f}), {100 * r['core_share']:.1f} % of a core, "
-                  f"lost {r['lost']}, late {r['late']}")  # fmt: skip
+                  f"jitter {r['jitter_ms_mean']:.2f} ms, lost {r['lost']}, late {r['late']}")  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

@@ -1,4 +1,5 @@
-"""The asyncio adapter over real UDP on 127.0.0.1: the acceptance scenario, junk, ports, metrics."""
+"""The asyncio adapter over real UDP on 127.0.0.1: the acceptance scenario, junk, ports, metrics — each
+with the sockets on the event loop and with the batched intake (`intake_tick_s`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import asyncio
 import random
 import socket
 import struct
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -26,6 +28,15 @@ pytestmark = pytest.mark.timeout(60)
 PORT_BASE = 42000 + 2 * random.Random().randrange(0, 1000)
 CONFIG = MediaConfig(playout_delay_s=0.25, idle_fill_after_s=0.0, inactivity_timeout_s=30.0)
 PLAN = MediaPlan(0, "PCMU", 0, "127.0.0.1", 9, 10, dtmf_payload_type=101, cn_payload_type=13)
+INTAKE_TICK_S = 0.0  # every test runs twice: each socket on the loop (0), and the intake every 5 ms
+
+
+@pytest.fixture(autouse=True, params=[0.0, 0.005], ids=["loop-readers", "intake-5ms"])
+def intake_tick(request: pytest.FixtureRequest) -> Iterator[float]:
+    global INTAKE_TICK_S
+    INTAKE_TICK_S = request.param
+    yield request.param
+    INTAKE_TICK_S = 0.0
 
 
 class RecordingSink:
@@ -52,8 +63,11 @@ class RecordingSink:
         return np.concatenate([pcm for _, pcm in self.blocks]) if self.blocks else np.zeros(0, np.float32)
 
 
-def manager(config: MediaConfig = CONFIG, pairs: int = 50) -> MediaManager:
-    return MediaManager(config, host="127.0.0.1", port_min=PORT_BASE, port_max=PORT_BASE + 2 * pairs - 1)
+def manager(config: MediaConfig = CONFIG, pairs: int = 50, **kwargs: float) -> MediaManager:
+    kwargs.setdefault("intake_tick_s", INTAKE_TICK_S)
+    return MediaManager(
+        config, host="127.0.0.1", port_min=PORT_BASE, port_max=PORT_BASE + 2 * pairs - 1, **kwargs
+    )
 
 
 def sample(name: str, **labels: str) -> float:
@@ -233,7 +247,7 @@ async def test_inactivity_reaches_the_sink_once() -> None:
 
 async def test_ports_are_freed_on_close_and_exhaustion_is_reported() -> None:
     mgr = MediaManager(CONFIG, host="127.0.0.1", port_min=PORT_BASE + 2000, port_max=PORT_BASE + 2003,
-                       quarantine_s=0.0)  # fmt: skip
+                       quarantine_s=0.0, intake_tick_s=INTAKE_TICK_S)  # fmt: skip
     a = await mgr.open(PLAN, RecordingSink())
     await mgr.open(PLAN, RecordingSink())
     with pytest.raises(PortsExhausted):
@@ -255,7 +269,9 @@ async def test_a_port_taken_by_another_process_is_skipped() -> None:
     squatter = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     squatter.bind(("127.0.0.1", base + 1))  # the RTCP port of the first pair
     try:
-        mgr = MediaManager(CONFIG, host="127.0.0.1", port_min=base, port_max=base + 5)
+        mgr = MediaManager(
+            CONFIG, host="127.0.0.1", port_min=base, port_max=base + 5, intake_tick_s=INTAKE_TICK_S
+        )
         media = await mgr.open(PLAN, RecordingSink())
         assert media.port == base + 2
         media.close()
@@ -272,6 +288,26 @@ async def test_nothing_is_left_running_after_close() -> None:
     assert mgr.streams == 0 and mgr.pool.in_use == 0
     assert {t for t in asyncio.all_tasks() if t is not asyncio.current_task()} == set()
     assert all(m._timer is None for m in medias)
+    assert mgr._intake is None or mgr._intake._timer is None  # the intake's tick stops with the last call
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="kernel arrival times: SO_TIMESTAMPNS (Linux)")
+async def test_the_intake_times_a_datagram_by_its_arrival_not_by_when_it_reads_it() -> None:
+    """Five packets 100 ms apart on the RTP clock, sent 100 ms apart, read together by an intake that
+    turns once a second: their arrival times are the kernel's, so the stream shows no jitter (read
+    times would make every packet 100 ms early against the last: ~20 ms of RFC 3550 jitter), and none
+    is late (the intake serves the call's playout after reading, in the same turn)."""
+    sender = RtpSender("PCMU", ssrc=3, seq=1, timestamp=0, ptime_ms=100).audio(speech_like(4000, 4))
+    assert len(sender.packets) == 5
+    media = await manager(intake_tick_s=1.0).open(PLAN, RecordingSink())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+        for p in sender.packets:
+            tx.sendto(p.data, ("127.0.0.1", media.port))
+            await asyncio.sleep(0.1)
+        await settle(media, len(sender.packets), timeout=3.0)
+    stats = media.close()
+    assert stats.packets_received == 5 and stats.late == 0
+    assert stats.jitter_ms < 10.0, stats.jitter_ms
 
 
 async def test_a_stream_opened_before_its_answer_accepts_rtp_only_after_update() -> None:
