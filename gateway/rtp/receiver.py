@@ -166,7 +166,10 @@ class _Intake:
             self._read(ready, now)
         for media in [m for m in self._calls if m._timer_at <= now]:
             if not media.closed:
-                media._on_timer()
+                try:
+                    media._on_timer()
+                except Exception:  # as a failing loop timer would: logged, the other calls served
+                    logger.exception("media %s failed on its deadline", media.name)
 
     def _read(self, ready: list[tuple[selectors.SelectorKey, int]], now: float) -> None:
         # The kernel stamps arrivals on CLOCK_REALTIME; the loop keeps its own clock: map through the
