@@ -172,9 +172,10 @@ class _Intake:
                     logger.exception("media %s failed on its deadline", media.name)
 
     def _read(self, ready: list[tuple[selectors.SelectorKey, int]], now: float) -> None:
-        # The kernel stamps arrivals on CLOCK_REALTIME; the loop keeps its own clock: map through the
-        # two read together (an arrival never later than now).
-        offset = time.time() - now
+        # The kernel stamps arrivals on CLOCK_REALTIME, the loop's clock is the monotonic one (uvloop's
+        # is read once per loop iteration, so `now` may be a few ms old): map through the two clocks
+        # read together now, and keep an arrival no later than the loop's now.
+        offset = time.time() - time.monotonic()
         readers = self._selector.get_map()
         for key, _ in ready:
             media, rtcp = key.data

@@ -50,11 +50,19 @@ def transcribe_finals(bundle: Path, wav: Path) -> list[dict[str, object]]:
     return [e for e in events if e["event"] == "TranscriptEvent" and e["kind"] == "final"]
 
 
+@pytest.mark.parametrize("intake_tick_ms", ["0", "5"], ids=["loop-readers", "rtp-intake"])
 async def test_a_sip_call_yields_the_finals_ttg_transcribe_gives_for_the_same_decoded_audio(
-    serve: Callable[..., Serve], tiny_bundle: Path, redis_url: str, two_sentences: Speech, tmp_path: Path
+    serve: Callable[..., Serve],
+    tiny_bundle: Path,
+    redis_url: str,
+    two_sentences: Speech,
+    tmp_path: Path,
+    intake_tick_ms: str,
 ) -> None:
+    """Also with the batched RTP intake (TTG_RTP__INTAKE_TICK_MS): the same timeline, the same finals."""
     speech = two_sentences
-    gw = serve(bundle=tiny_bundle, redis_url=redis_url, env={"TTG_RTP__IDLE_FILL_AFTER_MS": "0"})
+    env = {"TTG_RTP__IDLE_FILL_AFTER_MS": "0", "TTG_RTP__INTAKE_TICK_MS": intake_tick_ms}
+    gw = serve(bundle=tiny_bundle, redis_url=redis_url, env=env)
     await asyncio.to_thread(gw.start)
     result = await asyncio.to_thread(
         sipp_calls, gw.sip_port, SIPP_DATA / "uac_stream.xml", tmp_path / "sipp", speech=speech,
