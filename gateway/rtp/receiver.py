@@ -16,10 +16,10 @@ Two ways to read the sockets (`MediaManager(intake_tick_s=...)`): each socket on
 default: a datagram is handled as soon as the loop sees it), or one `_Intake` that serves every call of
 the process each tick: it polls their sockets through a selector of its own, drains the ready ones and
 runs the calls' due deadlines. At hundreds of calls a process the first wakes the loop for nearly every
-datagram and playout deadline, and those wake-ups, not the packets, are much of the receive path's CPU
-(docs/benchmarks.md); the intake takes each datagram's arrival time from the kernel (SO_TIMESTAMPNS), so
-jitter and playout see when it came, not when it was read, and leaves the loop's other work (engine
-results, signalling) undelayed.
+datagram and playout deadline; the intake wakes it once a tick (on a 2-core VM: half the system CPU a
+packet, a tenth of the whole; docs/benchmarks.md). It takes each datagram's arrival time from the kernel
+(SO_TIMESTAMPNS), so jitter and playout see when it came, not when it was read, and the loop's other work
+(engine results, signalling) does not wait for a tick.
 """
 
 from __future__ import annotations
