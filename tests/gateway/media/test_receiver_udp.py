@@ -7,7 +7,6 @@ import asyncio
 import random
 import socket
 import struct
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
@@ -291,7 +290,7 @@ async def test_nothing_is_left_running_after_close() -> None:
     assert mgr._intake is None or mgr._intake._timer is None  # the intake's tick stops with the last call
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="kernel arrival times: SO_TIMESTAMPNS (Linux)")
+@peers.linux_only  # the kernel arrival times: SO_TIMESTAMPNS
 async def test_the_intake_times_a_datagram_by_its_arrival_not_by_when_it_reads_it() -> None:
     """Five packets 100 ms apart on the RTP clock, sent 100 ms apart, read together by an intake that
     turns once a second: their arrival times are the kernel's, so the stream shows no jitter (read
