@@ -230,9 +230,9 @@ class RtpSettings(BaseModel):
     block_ms: int = Field(80, ge=10, le=1000, description="Size of the 16 kHz audio blocks handed to ASR")
     intake_tick_ms: float = Field(
         0.0, ge=0, le=20,
-        description="Read the RTP sockets in batches every this many ms (their own epoll; arrival times "
-        "from the kernel) instead of each on the event loop (0): fewer wake-ups at hundreds of calls a "
-        "process, a datagram handled up to this much later",
+        description="Read the RTP sockets in batches every this many ms (a selector of their own; arrival "
+        "times from the kernel) instead of each on the event loop (0): fewer wake-ups at hundreds of calls "
+        "a process, a datagram handled up to this much later",
     )  # fmt: skip
     max_gap_ms: int = Field(
         5000, ge=0, description="Most silence inserted for one RTP timestamp jump (DTX, hold, bad sender)"

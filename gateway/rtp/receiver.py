@@ -382,7 +382,7 @@ class CallMedia:
             self._timer = None
         for transport in self._transports:
             transport.close()
-        if not self._transports:
+        if self._ticked:
             self._manager._release_sockets(self, self._sockets)
         self._transports.clear()
         stats = self._core.stats()

@@ -43,9 +43,8 @@ def test_every_stream_of_a_batched_run_has_its_files_solo_tokens_in_f32(tmp_path
         "plain solo vs engine solo",
         "engine solo vs cpu",
     }
-    assert all(d["rel"] < 1e-4 and d["first_chunk_over_1pct"] is None for d in r["frames"].values()), r[
-        "frames"
-    ]
+    frames = r["frames"]
+    assert all(d["rel"] < 1e-4 and d["first_chunk_over_1pct"] is None for d in frames.values()), frames
     assert r["reference_on_batched_frames_vs_solo_frames"] == 0
     assert r["matmul_one_row_vs_eight_rel_diff"]["f32"] < 1e-4
     # The device decoder, alone and batched, says what the reference decoder says on the same frames.

@@ -141,25 +141,24 @@ def encoder_frames_parity(
 
     cut = [chunks(a) for a in audios]
 
-    def solo(encoder: Any, cuts: list[list[tuple[Any, bool]]]) -> list[list[Any]]:
-        out = []
-        for cs in cuts:
-            slot = encoder.alloc(prompt, lookahead)
-            out.append([encoder.step([(slot, c, last, False)])[0] for c, last in cs])
-            encoder.release(slot)
-        return out
-
-    def batched(encoder: Any) -> list[list[Any]]:
-        slots = [encoder.alloc(prompt, lookahead) for _ in range(streams)]
-        got: list[list[Any]] = [[] for _ in range(streams)]
-        for k in range(max(len(cs) for cs in cut)):
-            rows = [(i, cut[i % len(cut)][k]) for i in range(streams) if k < len(cut[i % len(cut)])]
+    def together(encoder: Any, cuts: list[list[tuple[Any, bool]]]) -> list[list[Any]]:
+        """The streams' chunks stepped together (each step: every stream's next chunk), their frames."""
+        slots = [encoder.alloc(prompt, lookahead) for _ in cuts]
+        got: list[list[Any]] = [[] for _ in cuts]
+        for k in range(max(len(cs) for cs in cuts)):
+            rows = [(i, cs[k]) for i, cs in enumerate(cuts) if k < len(cs)]
             frames = encoder.step([(slots[i], c, last, False) for i, (c, last) in rows])
             for (i, _), f in zip(rows, frames, strict=True):
                 got[i].append(f)
         for slot in slots:
             encoder.release(slot)
         return got
+
+    def solo(encoder: Any, cuts: list[list[tuple[Any, bool]]]) -> list[list[Any]]:
+        return [together(encoder, [cs])[0] for cs in cuts]
+
+    def batched(encoder: Any) -> list[list[Any]]:
+        return together(encoder, [cut[i % len(cut)] for i in range(streams)])
 
     engine = model.create_encoder()
     engine_solo, engine_batched = solo(engine, cut), batched(engine)
@@ -253,27 +252,25 @@ def decoder_parity(
     n = len(solo_chunks)
     from_batch = [reference_tokens(batched_chunks[i]) for i in range(min(n, streams))]
     device = model.new_device_decoder()
-    device_solo = []
-    for chunks in solo_chunks:
-        (slot,), first, out = device.alloc_many(1), 0, []
-        for f in chunks:
-            out += ids(device.decode([slot], [f], [first])[0])
-            first += f.shape[0]
-        device.release(slot)
-        device_solo.append(out)
-    slots = device.alloc_many(streams)
-    together: list[list[int]] = [[] for _ in range(streams)]
-    firsts = [0] * streams
-    for k in range(max(len(c) for c in solo_chunks)):
-        rows = [i for i in range(streams) if k < len(solo_chunks[i % n])]
-        frames = [solo_chunks[i % n][k] for i in rows]
-        decoded = device.decode([slots[i] for i in rows], frames, [firsts[i] for i in rows])
-        for i, tokens in zip(rows, decoded, strict=True):
-            together[i] += ids(tokens)
-        for i, f in zip(rows, frames, strict=True):
-            firsts[i] += f.shape[0]
-    for slot in slots:
-        device.release(slot)
+
+    def device_tokens(streams_chunks: list[list[Any]]) -> list[list[int]]:
+        """The streams decoded together by the device decoder (each call: every stream's next chunk)."""
+        slots = device.alloc_many(len(streams_chunks))
+        out: list[list[int]] = [[] for _ in streams_chunks]
+        firsts = [0] * len(streams_chunks)
+        for k in range(max(len(c) for c in streams_chunks)):
+            rows = [i for i, c in enumerate(streams_chunks) if k < len(c)]
+            frames = [streams_chunks[i][k] for i in rows]
+            decoded = device.decode([slots[i] for i in rows], frames, [firsts[i] for i in rows])
+            for i, tokens, f in zip(rows, decoded, frames, strict=True):
+                out[i] += ids(tokens)
+                firsts[i] += f.shape[0]
+        for slot in slots:
+            device.release(slot)
+        return out
+
+    device_solo = [device_tokens([chunks])[0] for chunks in solo_chunks]
+    together = device_tokens([solo_chunks[i % n] for i in range(streams)])
     return {
         "decoder_device_solo_vs_reference": sum(a != b for a, b in zip(device_solo, reference, strict=True)),
         "decoder_device_batched_vs_reference": sum(together[i] != reference[i % n] for i in range(streams)),
