@@ -55,6 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the engine process's interpreter-lock hand-over interval (default: Python's 5 ms, as the "
         "gateway's)",
     )
+    p.add_argument(
+        "--barrier",
+        default=None,
+        metavar="DIR:N",
+        help="once the engine is ready, wait until N benches (this one included) are ready in DIR before the "
+        "first level: several engine processes on one accelerator measured over the same seconds",
+    )
     p.add_argument("--json", default=None)
 
 
@@ -141,6 +148,23 @@ def run(
     }
 
 
+def wait_for_peers(barrier: str, timeout_s: float = 600.0) -> None:
+    """`DIR:N`: mark this bench ready in DIR, then wait until N are (each engine's start and warm-up take
+    their own time, and the levels should overlap)."""
+    folder, _, count = barrier.rpartition(":")
+    if not folder or not count.isdigit() or int(count) < 1:
+        raise SystemExit(f"--barrier {barrier!r}: expected DIR:N")
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / str(os.getpid())).touch()
+    deadline = time.monotonic() + timeout_s
+    while (ready := sum(1 for _ in path.iterdir())) < int(count):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"--barrier: {ready} of {count} benches ready after {timeout_s:.0f} s")
+        time.sleep(0.2)
+    print(f"barrier: {count} benches ready", flush=True)
+
+
 def main(args: argparse.Namespace) -> int:
     config = EngineConfig(
         scheduler=SchedulerConfig(
@@ -168,6 +192,8 @@ def main(args: argparse.Namespace) -> int:
     sampler = Sampler(engine.pid or 0, root_name="engine")
     sampler.start()
     try:
+        if args.barrier:
+            wait_for_peers(args.barrier)
         with tempfile.TemporaryDirectory() as tmp:
             spec_file = Path(tmp) / "spec.json"
             spec_file.write_text(json.dumps(spec.to_json()))

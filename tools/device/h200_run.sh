@@ -8,12 +8,13 @@
 #   bash tools/device/h200_run.sh encoder   # the encoder step alone: wall time per B, B=512 under ncu
 #   bash tools/device/h200_run.sh dispatch  # the step's wall time per B under MLX's CUDA-graph settings
 #   bash tools/device/h200_run.sh parity    # each kit clip alone and as a row of 512: tokens, frames, decoder
+#   bash tools/device/h200_run.sh share     # engine processes side by side, no SIP/RTP: what sharing costs
 #
 # Every phase: MLX + wheels (device_env.sh), the kit's redis-server, a full-size f16 bundle generated
 # into /tmp/full (random weights, calibrated as `ttg make-bundle` does). Results go to $OUT (at most 8
 # files come back): the JSON/markdown summaries, the daemon's log, this script's log.
 set -uo pipefail
-phase=${1:?usage: h200_run.sh engine|gateway|profile|encoder|dispatch|parity [levels]}
+phase=${1:?usage: h200_run.sh engine|gateway|profile|encoder|dispatch|parity|share [levels]}
 levels=${2:-500,1000,2000}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -226,6 +227,45 @@ parity)
   python3 -m gateway.cli bench batch-parity --model /tmp/full --audio "$KIT_AUDIO" --streams "${STREAMS:-512}" \
     --precision ${PRECISIONS:-f16 f32} --json "$OUT/parity.json" 2>&1 | grep -v "falls behind" | tee "$OUT/parity.txt"
   stamp "batch-parity exited with status ${PIPESTATUS[0]}"
+  ;;
+share)
+  # Why an engine's step grows ~0.5 ms a row in the gateway where the step alone grows ~0.06: K engine
+  # processes (`ttg bench engine-procs`, device decoding, no SIP, RTP, media workers or replay) side by side,
+  # each at CALLS calls from ceil(CALLS / 125) feeder processes, their levels started together (--barrier);
+  # BURN busy-looping processes take cores as the gateway's other processes do; MPS=1 through an MPS
+  # server of this run's own. One engine alone at 375 calls against four at 375 each (the gateway's
+  # 1 500) tells sharing the GPU from sharing the cores from the engine's own work. SHARE_RUNS: the
+  # runs, each K:CALLS:BURN:MPS (CALLS may be a comma list: levels one after the other on one engine).
+  for spec in ${SHARE_RUNS:-1:375:0:1 1:1500:0:1}; do
+    IFS=: read -r k calls burn mps <<< "$spec"
+    stamp "share $spec: $k engine process(es) at $calls calls each, $burn busy processes, MPS $mps" | tee -a "$OUT/share.txt"
+    if [ "$mps" = 1 ]; then
+      export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      nvidia-cuda-mps-control -d || stamp "no MPS control daemon"
+    fi
+    burners=()
+    for _ in $(seq "$burn"); do timeout 400 python3 -c "while True: pass" & burners+=($!); done
+    rm -rf /tmp/share_barrier
+    benches=()
+    for i in $(seq "$k"); do
+      python3 -m gateway.cli bench engine-procs --model /tmp/full --precision f16 --calls ${calls//,/ } \
+        --feeders $(( (${calls##*,} + 124) / 125 )) --seconds "${SHARE_SECONDS:-40}" --decoder-mode device \
+        --max-batch 512 --barrier "/tmp/share_barrier:$k" > "/tmp/share_$i.log" 2>&1 &
+      benches+=($!)
+    done
+    wait "${benches[@]}"
+    [ "$burn" -gt 0 ] && kill "${burners[@]}" 2>/dev/null
+    wait "${burners[@]}" 2>/dev/null
+    if [ "$mps" = 1 ]; then
+      echo quit | nvidia-cuda-mps-control
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    fi
+    for i in $(seq "$k"); do
+      grep -E "engine ready|barrier|encoder: |^\{|exit status|Error|error|Traceback" "/tmp/share_$i.log" \
+        | grep -v "falls behind" | sed "s/^/[$spec #$i] /" | tee -a "$OUT/share.txt"
+    done
+  done
   ;;
 profile)
   # Where the engine process's time goes in steady state: the engine-procs bench at one level, and
