@@ -61,6 +61,10 @@ class DecoderConfig:
     # only assemble transcripts.
     mode: DecoderMode = "batched"
     workers: int = 2
+    # Device mode only: decode a step's rows on a thread of their own, beside the next encoder step
+    # (True), or on the MLX thread right after the step that made them (False: one MLX thread, each
+    # step then decodes before the next one starts).
+    device_thread: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in DECODER_MODES:

@@ -436,15 +436,19 @@ class AsrEngine:
                     self.model.default_lookahead if lookahead is None else lookahead,
                     self.config.scheduler.max_batch,
                 )
-            if self.config.decoder.mode == "device":
+            if self.config.decoder.mode == "device" and self.config.decoder.device_thread:
                 # Built and warmed up on its own thread, after the encoder (one compiler at a time).
                 self._start_device_thread().wait()
                 if self._device_failure is not None:
                     raise self._device_failure
+            elif self.config.decoder.mode == "device":  # on this thread, after each step (`_hand_on`)
+                self._device = self.model.new_device_decoder()
+                self._device.warmup(self.config.scheduler.max_batch)
         except BaseException as e:
             logger.critical("ASR encoder could not be built", exc_info=e)
             self._failure = e
             self._stop_device_thread()
+            self._release_parts()
             self._ready.set()
             return
         self._ready.set()
@@ -468,8 +472,15 @@ class AsrEngine:
             if self._encoder is not None:
                 self._report.log(time.perf_counter(), self._encoder, self._device, self._decode_s)
             self._stop_device_thread()  # after the step outputs it still holds: their chunks and _Done
-            encoder, self._encoder = self._encoder, None
-            _release_on_this_thread(encoder, "encoder")
+            self._release_parts()
+
+    def _release_parts(self) -> None:
+        """The MLX thread's last calls: the device decoder where it ran on this thread, the encoder."""
+        if self._device_thread is None:
+            device, self._device = self._device, None
+            _release_on_this_thread(device, "device decoder")
+        encoder, self._encoder = self._encoder, None
+        _release_on_this_thread(encoder, "encoder")
 
     def _run(self, plan: StepPlan[ChunkPayload]) -> None:
         encoder = self._encoder

@@ -97,6 +97,11 @@ class DecoderSettings(BaseModel):
     max_undecoded_chunks: int = Field(
         2, ge=1, description="Chunks of a call encoded but not yet decoded before its encoding waits"
     )
+    device_thread: bool = Field(
+        True,
+        description="device mode: decode on a thread of its own beside the next encoder step (true), or on "
+        "the encoder's thread after each step (false)",
+    )
 
 
 def _sip_list(*items: Any) -> list[Any]:

@@ -421,7 +421,9 @@ def engine_config(s: Settings) -> EngineConfig:
             max_queued_chunks=s.encoder.max_queued_chunks,
             max_undecoded_chunks=s.decoder.max_undecoded_chunks,
         ),
-        decoder=DecoderConfig(mode=s.decoder.mode, workers=s.decoder.workers),
+        decoder=DecoderConfig(
+            mode=s.decoder.mode, workers=s.decoder.workers, device_thread=s.decoder.device_thread
+        ),
         endpoint=EndpointConfig(
             blank_ms=s.asr.endpoint_blank_ms,
             energy_db=s.asr.endpoint_energy_db,

@@ -45,6 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--decoder-mode", default="batched", choices=["workers", "batched", "device"])
     p.add_argument("--workers", type=int, default=2, help="decoder threads (assembly only in device mode)")
+    p.add_argument(
+        "--device-inline",
+        action="store_true",
+        help="device mode: decode on the encoder's thread after each step, not on a thread of its own",
+    )
     p.add_argument("--max-batch", type=int, default=256)
     p.add_argument("--max-wait-ms", type=float, default=100.0)
     p.add_argument("--wait-policy", default="adaptive", choices=["adaptive", "fixed"])
@@ -173,7 +178,9 @@ def main(args: argparse.Namespace) -> int:
             max_queued_chunks=64,
             wait_policy=args.wait_policy,
         ),
-        decoder=DecoderConfig(mode=args.decoder_mode, workers=args.workers),
+        decoder=DecoderConfig(
+            mode=args.decoder_mode, workers=args.workers, device_thread=not args.device_inline
+        ),
     )
     results = []
     print(f"host: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)

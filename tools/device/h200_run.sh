@@ -235,9 +235,10 @@ share)
   # BURN busy-looping processes take cores as the gateway's other processes do; MPS=1 through an MPS
   # server of this run's own. One engine alone at 375 calls against four at 375 each (the gateway's
   # 1 500) tells sharing the GPU from sharing the cores from the engine's own work. SHARE_RUNS: the
-  # runs, each K:CALLS:BURN:MPS (CALLS may be a comma list: levels one after the other on one engine).
+  # runs, each K:CALLS:BURN:MPS[:inline] (CALLS may be a comma list: levels one after the other on one
+  # engine; inline: the device decoder on the encoder's thread, TTG_DECODER__DEVICE_THREAD=false).
   for spec in ${SHARE_RUNS:-1:375:0:1 1:1500:0:1}; do
-    IFS=: read -r k calls burn mps <<< "$spec"
+    IFS=: read -r k calls burn mps inline <<< "$spec"
     stamp "share $spec: $k engine process(es) at $calls calls each, $burn busy processes, MPS $mps" | tee -a "$OUT/share.txt"
     if [ "$mps" = 1 ]; then
       export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log
@@ -249,14 +250,15 @@ share)
     rm -rf /tmp/share_barrier
     benches=()
     for i in $(seq "$k"); do
-      python3 -m gateway.cli bench engine-procs --model /tmp/full --precision f16 --calls ${calls//,/ } \
-        --feeders $(( (${calls##*,} + 124) / 125 )) --seconds "${SHARE_SECONDS:-40}" --decoder-mode device \
-        --max-batch 512 --barrier "/tmp/share_barrier:$k" > "/tmp/share_$i.log" 2>&1 &
+      timeout $(( 2 * ${SHARE_SECONDS:-40} + 150 )) python3 -m gateway.cli bench engine-procs --model /tmp/full \
+        --precision f16 --calls ${calls//,/ } --feeders $(( (${calls##*,} + 124) / 125 )) \
+        --seconds "${SHARE_SECONDS:-40}" --decoder-mode device ${inline:+--device-inline} --max-batch 512 \
+        --barrier "/tmp/share_barrier:$k" > "/tmp/share_$i.log" 2>&1 &
       benches+=($!)
     done
     wait "${benches[@]}"
-    [ "$burn" -gt 0 ] && kill "${burners[@]}" 2>/dev/null
-    wait "${burners[@]}" 2>/dev/null
+    # (`wait` with no PIDs would wait for this script's log tee too)
+    if [ "$burn" -gt 0 ]; then kill "${burners[@]}" 2>/dev/null; wait "${burners[@]}" 2>/dev/null; fi
     if [ "$mps" = 1 ]; then
       echo quit | nvidia-cuda-mps-control
       unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
