@@ -475,10 +475,11 @@ class AsrEngine:
             self._release_parts()
 
     def _release_parts(self) -> None:
-        """The MLX thread's last calls: the device decoder where it ran on this thread, the encoder."""
+        """The MLX thread's last call: release the encoder. A device decoder that ran on this thread is
+        dropped first, and the encoder's release ends the thread's MLX streams for both (a second
+        release on one thread would find its streams gone)."""
         if self._device_thread is None:
-            device, self._device = self._device, None
-            _release_on_this_thread(device, "device decoder")
+            self._device = None
         encoder, self._encoder = self._encoder, None
         _release_on_this_thread(encoder, "encoder")
 

@@ -101,10 +101,11 @@ class RecordingModel:
         return Recorder()
 
 
-def config(mode: DecoderMode = "batched", **sched: Any) -> EngineConfig:
+def config(mode: DecoderMode = "batched", *, device_thread: bool = True, **sched: Any) -> EngineConfig:
     s: dict[str, Any] = {"max_batch": 64, "max_wait_ms": 5.0, "max_queued_chunks": 16}
     s.update(sched)
-    return EngineConfig(scheduler=SchedulerConfig(**s), decoder=DecoderConfig(mode=mode, workers=2))
+    decoder = DecoderConfig(mode=mode, workers=2, device_thread=device_thread)
+    return EngineConfig(scheduler=SchedulerConfig(**s), decoder=decoder)
 
 
 def run_solo(engine: AsrEngine, audio: np.ndarray, options: StreamOptions, block: int = 1600) -> Stream:
@@ -333,7 +334,8 @@ class _WatchedDeviceDecoder:
         self._model.decode_threads.add(threading.current_thread().name)
         if self.decodes == self._fail_on:
             raise RuntimeError("device decoder lost")
-        if self.decodes == 1:  # does the encoder run the next step while this one decodes?
+        on_encoder_thread = threading.current_thread().name in self._model.step_threads
+        if self.decodes == 1 and not on_encoder_thread:  # does the encoder step while this one decodes?
             with self._model.stepped:
                 seen = self._model.steps
                 self._model.stepped.wait_for(lambda: self._model.steps > seen, timeout=10.0)
@@ -397,6 +399,22 @@ def test_device_decoding_runs_beside_the_next_encoder_step(tiny_model: AsrModel)
     assert [e.reason for e in ends] == ["finished"] * 3
     assert model.step_threads == {"asr-encoder"} and model.decode_threads == {"asr-device-decoder"}
     assert model.steps_during_first_decode >= 1
+    assert [c.tokens for c in cols] == [s.tokens for s in solos]
+
+
+def test_device_decoding_can_run_on_the_encoders_thread_after_each_step(tiny_model: AsrModel) -> None:
+    """`device_thread=False`: one MLX thread encodes a step, then decodes its chunks before the next
+    step, with the transcripts of the workers decoding alone."""
+    audios = [synthetic_call(2.5, seed=40 + i) for i in range(3)]
+    with AsrEngine(tiny_model, config(mode="workers", max_queued_chunks=1000)) as eng:
+        solos = [run_solo(eng, a, StreamOptions(language="en-US")) for a in audios]
+    model = StepCountingModel(tiny_model)
+    cols = [Stream() for _ in audios]
+    with AsrEngine(model, config(mode="device", device_thread=False, max_queued_chunks=1000)) as eng:
+        _push_all(eng, audios, cols)
+        ends = [c.wait() for c in cols]
+    assert [e.reason for e in ends] == ["finished"] * 3
+    assert model.step_threads == model.decode_threads == {"asr-encoder"}
     assert [c.tokens for c in cols] == [s.tokens for s in solos]
 
 
