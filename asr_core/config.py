@@ -131,6 +131,10 @@ class EngineConfig:
     # a CPU; None leaves them as the process has them. A step's matmuls are small (a few rows per
     # call), so more threads mostly spin on cores that the calls' audio and signalling need.
     cpu_threads: int | None = None
+    # The streams this engine is expected to hold at once (its share of the gateway's call limit). A
+    # compiled (GPU) encoder sizes its slot pools for them at warm-up, within its own limit: a pool grown
+    # later makes every compiled call trace again at the new shape, during live steps. 0: the batch limit.
+    streams: int = 0
 
 
 def engine_config_to_json(config: EngineConfig) -> dict[str, Any]:

@@ -435,6 +435,7 @@ class AsrEngine:
                 warmup(
                     self.model.default_lookahead if lookahead is None else lookahead,
                     self.config.scheduler.max_batch,
+                    self.config.streams,
                 )
             if self.config.decoder.mode == "device" and self.config.decoder.device_thread:
                 # Built and warmed up on its own thread, after the encoder (one compiler at a time).

@@ -350,10 +350,10 @@ class _EncoderAdapter:
         mx.reset_peak_memory()
         return out
 
-    def warmup(self, lookahead: int, max_batch: int) -> int:
-        """Trace the compiled step for every batch bucket up to `max_batch` (GPU; on a CPU, at most one
-        stream's chunks: `StreamingEncoder.warmup`)."""
-        return int(self._encoder.warmup(lookahead, max_batch))
+    def warmup(self, lookahead: int, max_batch: int, streams: int = 0) -> int:
+        """Trace the compiled step for every batch bucket up to `max_batch`, the pools sized for
+        `streams` first (GPU; on a CPU, at most one stream's chunks: `StreamingEncoder.warmup`)."""
+        return int(self._encoder.warmup(lookahead, max_batch, streams))
 
     def close(self) -> None:
         """On the thread that built it, after its last step: drop the pools and end the thread's MLX

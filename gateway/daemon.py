@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import ipaddress
 import logging
+import math
 import os
 import signal
 import sys
@@ -403,9 +404,10 @@ class CallLogPublisher:
 EngineFactory = Callable[[Any, Callable[[BaseException], None]], Any]
 
 
-def engine_config(s: Settings) -> EngineConfig:
+def engine_config(s: Settings, share: float = 1.0) -> EngineConfig:
     """The engine's dataclasses from the typed settings: built field by field, so a renamed setting
-    is a type error here instead of a silent fall-back to a default."""
+    is a type error here instead of a silent fall-back to a default. `share`: the part of the call
+    limit this engine serves (its media workers' part), the streams its pools are sized for."""
     from asr_core.config import DecoderConfig, EndpointConfig, EngineConfig, SchedulerConfig
     from asr_core.vad import VadConfig
 
@@ -414,6 +416,7 @@ def engine_config(s: Settings) -> EngineConfig:
     vad_energy_db = s.asr.endpoint_energy_db if s.asr.endpoint_energy_db < 0.0 else VadConfig().energy_db
     return EngineConfig(
         cpu_threads=s.encoder.cpu_threads,
+        streams=math.ceil(s.sip.max_calls * share),
         scheduler=SchedulerConfig(
             max_batch=s.encoder.max_batch,
             max_wait_ms=s.encoder.max_wait_ms,
@@ -1192,7 +1195,7 @@ def _run_engines_and_daemon(
             return EngineProcess(
                 folder,
                 settings.model.precision,
-                engine_config(settings),
+                engine_config(settings, front_ends[k] / workers),
                 front_ends=front_ends[k],
                 log_level=settings.log.level,
                 role="engine" if n_engines == 1 else f"engine_{k}",

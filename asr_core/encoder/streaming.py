@@ -564,17 +564,23 @@ class StreamingEncoder:
         lookaheads = self.cfg.supported_lookaheads
         return 1 + max(flush_extra_chunks(la, lookaheads) for la in lookaheads)
 
-    def warmup(self, lookahead: int, max_batch: int) -> int:
+    def warmup(self, lookahead: int, max_batch: int, streams: int = 0) -> int:
         """Trace the compiled step for every batch bucket up to `max_batch` (first and later chunks,
         and a first chunk's flush) so that no live step pays for it; returns the number of buckets. A no-op
         when not compiled (but for one stream's chunks when the CPU's fused kernels are in use). From then
         on, calls of shapes it did not trace (a first chunk that is also the last; a lookahead not warmed)
         run uncompiled rather than trace; a later chunk that ends its stream short rides in the
-        regular calls."""
+        regular calls. The pools are first sized for `streams` (within `max_streams`): the compiled calls
+        take them as inputs, so a pool grown later traces every call again at its new shape, in live
+        steps (docs/benchmarks.md: 176 ms for one call at full size on a CPU)."""
         if not self.compiled:
             if self.params.array_exp:
                 self._build_fused_kernels(lookahead)
             return 0
+        limit = self.max_streams
+        want = streams if limit is None else min(streams, limit)
+        if want > self._capacity:
+            self._grow(want)
         self._tracing = set() if self._traced is None else set(self._traced)
         self._traced = None
         # A single flush is planned alone whatever its rows (the scheduler's `flush_rows`).

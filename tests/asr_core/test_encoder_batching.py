@@ -211,6 +211,24 @@ def test_warmup_traces_every_batch_bucket_and_leaves_the_pool_empty(bundle: Bund
     np.testing.assert_allclose(solo(enc, mel, 3, 0), solo(make(bundle), mel, 3, 0), atol=TOL, rtol=0)
 
 
+def test_warmup_sizes_the_pools_for_the_streams_expected_before_it_traces(bundle: Bundle) -> None:
+    """The compiled calls take the pools as inputs: sized for the streams an engine expects from the
+    start, live joins up to that many never grow them (a grown pool traces every call again)."""
+    enc = make(bundle, compile=True)
+    enc.warmup(3, 5, streams=20)
+    assert enc.capacity == 20 and enc.n_active == 0
+    slots = [enc.alloc(0, 3) for _ in range(20)]
+    assert enc.capacity == 20  # no growth while the expected streams join
+    mel = np.random.default_rng(4).standard_normal((25, 128), dtype=np.float32)
+    batched = enc.step([ChunkInput(s, mel) for s in slots])
+    eager = make(bundle)
+    alone = eager.step([ChunkInput(eager.alloc(0, 3), mel)])[0]
+    np.testing.assert_allclose(batched[7], alone, atol=TOL, rtol=0)
+    small = make(bundle, compile=True)
+    small.warmup(3, 5, streams=3)  # fewer than the batch buckets need: those decide
+    assert small.capacity == 8
+
+
 def test_after_warmup_a_short_last_chunk_runs_in_the_compiled_regular_call(bundle: Bundle) -> None:
     """A short last chunk's subsampling would have a shape of its own (one per length and bucket):
     traced live it would stall every stream while a GPU compiles kernels for it, and left uncompiled it

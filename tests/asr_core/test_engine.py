@@ -7,6 +7,7 @@ The real-model acceptance tests are in test_engine_tiny.py.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -84,11 +85,11 @@ class FakeEncoder:
         self.fail_on_step = fail_on_step
         self.delay_s = delay_s
         self.thread_names: set[str] = set()
-        self.warmups: list[tuple[int, int, int]] = []
+        self.warmups: list[tuple[int, int, int, int]] = []
 
-    def warmup(self, lookahead: int, max_batch: int) -> int:
+    def warmup(self, lookahead: int, max_batch: int, streams: int = 0) -> int:
         self.thread_names.add(threading.current_thread().name)
-        self.warmups.append((lookahead, max_batch, len(self.batch_sizes)))
+        self.warmups.append((lookahead, max_batch, streams, len(self.batch_sizes)))
         return 1
 
     def alloc(self, prompt_id: int, lookahead: int) -> int:
@@ -487,10 +488,10 @@ def test_a_failing_callback_or_hook_does_not_stop_the_stream() -> None:
 
 def test_engine_warms_the_encoder_up_on_its_mlx_thread_before_accepting_streams() -> None:
     # The GPU encoder traces its compiled step per batch bucket; the engine does it once at start
-    # (default lookahead, max_batch) so that no live step pays for a trace.
+    # (default lookahead, max_batch, the streams it is sized for) so that no live step pays for a trace.
     model = FakeModel()
-    with AsrEngine(model, config(max_batch=24)):
-        assert model.encoder.warmups == [(3, 24, 0)]
+    with AsrEngine(model, dataclasses.replace(config(max_batch=24), streams=300)):
+        assert model.encoder.warmups == [(3, 24, 300, 0)]
     assert model.encoder.thread_names == {"asr-encoder"}
 
 

@@ -154,6 +154,9 @@ def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.Mo
     from asr_core.config import EngineConfig
 
     defaults = engine_config(Settings())
+    # The pools are sized for the call limit, or an engine process's share of it.
+    assert defaults.streams == Settings().sip.max_calls == 200
+    assert engine_config(Settings(), 3 / 12).streams == 50
     # The settings' defaults are the engine's own defaults (two places, one set of numbers).
     assert (defaults.scheduler, defaults.decoder, defaults.endpoint, defaults.vad) == (
         EngineConfig().scheduler,

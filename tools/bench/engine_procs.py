@@ -178,6 +178,7 @@ def main(args: argparse.Namespace) -> int:
             max_queued_chunks=64,
             wait_policy=args.wait_policy,
         ),
+        streams=max(args.calls),  # as the gateway sizes an engine's pools for its share of the calls
         decoder=DecoderConfig(
             mode=args.decoder_mode, workers=args.workers, device_thread=not args.device_inline
         ),
