@@ -437,14 +437,14 @@ class AsrEngine:
                     self.config.scheduler.max_batch,
                     self.config.streams,
                 )
-            if self.config.decoder.mode == "device" and self.config.decoder.device_thread:
-                # Built and warmed up on its own thread, after the encoder (one compiler at a time).
-                self._start_device_thread().wait()
-                if self._device_failure is not None:
-                    raise self._device_failure
-            elif self.config.decoder.mode == "device":  # on this thread, after each step (`_hand_on`)
-                self._device = self.model.new_device_decoder()
-                self._device.warmup(self.config.scheduler.max_batch)
+            if self.config.decoder.mode == "device":
+                if self.config.decoder.device_thread:
+                    # Built and warmed up on its own thread, after the encoder (one compiler at a time).
+                    self._start_device_thread().wait()
+                    if self._device_failure is not None:
+                        raise self._device_failure
+                else:  # on this thread, decoding after each step (`_hand_on`)
+                    self._build_device_decoder()
         except BaseException as e:
             logger.critical("ASR encoder could not be built", exc_info=e)
             self._failure = e
@@ -565,6 +565,12 @@ class AsrEngine:
         self._device_thread.start()
         return ready
 
+    def _build_device_decoder(self) -> None:
+        """The device decoder, built on the calling thread (which then owns it) and warmed up; held
+        before its warm-up, so that one that fails there is still released on that thread."""
+        self._device = self.model.new_device_decoder()
+        self._device.warmup(self.config.scheduler.max_batch)
+
     def _device_loop(self, ready: threading.Event) -> None:
         """Builds the device decoder, then decodes the step outputs in order until `None`; an error is
         fatal to the engine, as on the MLX thread."""
@@ -572,8 +578,7 @@ class AsrEngine:
         assert jobs is not None
         try:
             try:
-                self._device = self.model.new_device_decoder()
-                self._device.warmup(self.config.scheduler.max_batch)
+                self._build_device_decoder()
             except BaseException as e:
                 self._device_failure = e
                 return
