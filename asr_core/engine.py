@@ -424,7 +424,6 @@ class AsrEngine:
     def _encoder_loop(self) -> None:
         try:
             self._encoder = self.model.create_encoder()
-            self._max_streams = getattr(self._encoder, "max_streams", None)
             with self._lock:  # the rows a flush runs as, so that a step stays within max_batch rows
                 self._sched.flush_rows = int(getattr(self._encoder, "rows_per_flush", 1))
             # On a GPU the step is mx.compile'd per batch bucket: trace them all now (seconds) so
@@ -437,6 +436,8 @@ class AsrEngine:
                     self.config.scheduler.max_batch,
                     self.config.streams,
                 )
+            # After the warm-up: it may split the pools for the streams expected, which holds more.
+            self._max_streams = getattr(self._encoder, "max_streams", None)
             if self.config.decoder.mode == "device":
                 if self.config.decoder.device_thread:
                     # Built and warmed up on its own thread, after the encoder (one compiler at a time).

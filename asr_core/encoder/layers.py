@@ -541,7 +541,7 @@ def streaming_mask(
 def encoder_stack(
     p: EncoderParams,
     x: mx.array,
-    kv_cache: mx.array,
+    kv_cache: Sequence[mx.array],
     conv_cache: mx.array,
     valid: mx.array,
     prompt_ids: mx.array,
@@ -550,10 +550,10 @@ def encoder_stack(
 ) -> tuple[mx.array, mx.array, mx.array]:
     """All conformer layers plus the head for B rows of T frames (one streaming step).
 
-    kv_cache (layers, 2, H, B, Lc, dh) and conv_cache (layers, B, K-1, D) are the rows' gathered
-    caches. `valid`, `seen`: per-query visibility (`streaming_mask`). `chain` (parent (B,) row indices,
-    follows (B,) bool, conv context indices from `chain_indices`): rows that continue another row of
-    the call.
+    kv_cache (groups of consecutive layers, each (layers, 2, H, B, Lc, dh), in layer order) and
+    conv_cache (layers, B, K-1, D) are the rows' gathered caches. `valid`, `seen`: per-query
+    visibility (`streaming_mask`). `chain` (parent (B,) row indices, follows (B,) bool, conv context
+    indices from `chain_indices`): rows that continue another row of the call.
     Returns frames (B, T, J) float32, new K|V (layers, 2, H, B, T, dh) and new conv caches
     (layers, B, K-1, D).
     """
@@ -563,11 +563,12 @@ def encoder_stack(
     mask = streaming_mask(valid, cfg.left_context_frames, T, x.dtype, seen, follows)
     layer_chain = (chain[0], chain[2]) if chain is not None else None
     shift = p.t_max - 1  # d_max - Lc: query Lc + i and key j are Lc + i - j apart
+    kv_layers = [_at(group, j) for group in kv_cache for j in range(group.shape[0])]
     kv_out, conv_out = [], []
     for n, lp in enumerate(p.layers):
         x, kv_new, conv_new = conformer_layer(
             x,
-            _at(kv_cache, n),
+            kv_layers[n],
             _at(conv_cache, n),
             mask,
             lp.pos_rev,

@@ -8,7 +8,8 @@ arrays (the pool), which double when full:
   1 + s*Lc + a % Lc of every (layer, K|V, head) plane. A step gathers each row's Lc cached frames
   oldest-first (one take for all layers, landing in the (K|V, H, B, Lc, dh) layout the attention's
   GEMMs read as they are) and writes only its T new frames back, so no cache is ever shifted in the
-  pool.
+  pool. Where one array would pass 2**31 values (`max_streams`), the layers are split into groups
+  of consecutive layers, one array each (`kv_groups`): a take and a scatter per group.
 * conv: the last K-1 GLU outputs per layer, `conv` (layers, 1 + cap, K-1, D).
 * subsampling: each strided stage's last input row, `sub[i]` (1 + cap, F_i[, C]).
 
@@ -124,6 +125,7 @@ class StreamingEncoder:
         pad_batches: bool | None = None,
         unpack: bool | None = None,
         array_exp: bool | None = None,
+        kv_groups: int = 1,
     ) -> None:
         """Defaults depend on the device.
 
@@ -135,7 +137,9 @@ class StreamingEncoder:
         BLAS-backed (docs/quantization.md: a full-size step at B=1 took 3x as long packed as dense),
         while a GPU keeps the codes packed (the point of them: fewer bytes to hold and to read).
         `array_exp` (None: an x86-64 CPU with g++): sigmoid and softmax as fused array ops
-        (`expmath`). Every option gives the same frames within float rounding."""
+        (`expmath`). `kv_groups`: the K|V pool's arrays (a divisor of the layers; `warmup` adds
+        groups where the streams expected need them). Every option gives the same frames within float
+        rounding."""
         on_gpu = mx.default_device() == mx.gpu
         self.cfg = cfg
         self.dtype: mx.Dtype = PRECISIONS[dtype] if isinstance(dtype, str) else dtype
@@ -170,10 +174,14 @@ class StreamingEncoder:
         freqs = cfg.subsampling_freqs()
         H = cfg.num_attention_heads
         self._word, words = _words(self.dtype, D // H)  # per head's row; H times that per D values
-        # The slot (ring row) axis of each pool: `_slot_axis`; kv keeps the layer and (K|V, head)
-        # planes in front of it, conv the layer axis.
+        if kv_groups < 1 or L % kv_groups:
+            raise ValueError(f"kv_groups {kv_groups} does not divide the {L} layers")
+        # The pools: the K|V groups' ring rows, conv, then the subsampling stages'. The slot (ring row)
+        # axis of each: `_slot_axis`; kv keeps the layer and (K|V, head) planes in front of it, conv
+        # the layer axis.
+        self._kv_groups = kv_groups
         self._pools: list[mx.array] = [
-            mx.zeros((L, 2 * H, 1, words), dtype=self._word),  # kv ring rows
+            *[mx.zeros((L // kv_groups, 2 * H, 1, words), dtype=self._word) for _ in range(kv_groups)],
             mx.zeros((L, 1, K - 1, H * words), dtype=self._word),  # conv
             mx.zeros((1, freqs[0]), dtype=self.dtype),  # subsampling stage 0 (single channel)
             *[mx.zeros((1, f, cfg.subsampling_conv_channels), dtype=self.dtype) for f in freqs[1:-1]],
@@ -192,15 +200,19 @@ class StreamingEncoder:
         return len(self._streams)
 
     @property
+    def kv_groups(self) -> int:
+        return self._kv_groups
+
+    @property
     def max_streams(self) -> int | None:
         """On a GPU, the most slots the pools may hold: every pool array stays below 2**31 elements.
 
-        Some of MLX's GPU kernels address an array with 32-bit offsets; the K|V pool is one array for all
-        layers, (layers, 1 + slots * Lc, 2D) values, and at full size passes 2**31 of them at 781 slots,
-        where CUDA failed with "an illegal memory access" (docs/benchmarks.md). Counted in values, the most
-        elements of any view of the pool (it stores them as 4-byte words, taken as 8-byte ones).
-        None on the CPU."""
-        return pool_stream_limit(self.cfg) if mx.default_device() == mx.gpu else None
+        Some of MLX's GPU kernels address an array with 32-bit offsets; a K|V pool array holds (layers
+        of its group, 1 + slots * Lc, 2D) values, and one for all layers at full size passes 2**31 of
+        them at 781 slots, where CUDA failed with "an illegal memory access" (docs/benchmarks.md).
+        Counted in values, the most elements of any view of the pool (it stores them as 4-byte words,
+        taken as 8-byte ones). None on the CPU."""
+        return pool_stream_limit(self.cfg, self._kv_groups) if mx.default_device() == mx.gpu else None
 
     def alloc(self, prompt_id: int, lookahead: int) -> int:
         """A slot for a new stream with language prompt `prompt_id` and `lookahead` (frames)."""
@@ -227,19 +239,39 @@ class StreamingEncoder:
         self._flush_pending()
         add = capacity - self._capacity
         for i, pool in enumerate(self._pools):
-            axis = _slot_axis(i)
+            axis = self._slot_axis(i)
             shape = list(pool.shape)
-            shape[axis] = add * self._Lc if i == 0 else add
+            shape[axis] = add * self._Lc if i < self._kv_groups else add
             self._pools[i] = mx.concatenate([pool, mx.zeros(shape, dtype=pool.dtype)], axis=axis)
         mx.eval(self._pools)
         for slot in range(self._capacity, capacity):
             heapq.heappush(self._free, slot)
         self._capacity = capacity
 
+    def _regroup(self, groups: int) -> None:
+        """Split the K|V pool into `groups` arrays of consecutive layers (the caches they hold kept).
+        The stack calls take the groups as inputs: traced again at their next call."""
+        if groups == self._kv_groups:
+            return
+        self._flush_pending()
+        G = self._kv_groups
+        kv = mx.concatenate(self._pools[:G]) if G > 1 else self._pools[0]
+        parts = [mx.contiguous(part) for part in mx.split(kv, groups)]
+        del kv
+        self._pools[:G] = parts
+        mx.eval(self._pools)
+        self._kv_groups = groups
+        self._stack_fns.clear()
+
+    def _slot_axis(self, pool: int) -> int:
+        """The slot (ring row) axis of pool `pool`: 2 in a K|V group (after the layer and K|V-head
+        planes), 1 in the conv pool (after the layer), 0 in the subsampling pools."""
+        return 2 if pool < self._kv_groups else 1 if pool == self._kv_groups else 0
+
     def _flush_pending(self) -> None:
         # Each scatter consumes the previous pool array (refcount 1), so MLX updates it in place.
         for pool, idx, values in self._pending:
-            self._pools[pool][(slice(None),) * _slot_axis(pool) + (idx,)] = values
+            self._pools[pool][(slice(None),) * self._slot_axis(pool) + (idx,)] = values
         self._pending.clear()
 
     # ---------------------------------------------------------------------------------------------
@@ -316,21 +348,22 @@ class StreamingEncoder:
             call.commits = bool(keep)
         up.send()
 
+        G = self._kv_groups
         xs_by_sub: list[mx.array] = []
         for s in subs:
             n, first, last = s.key
             B, Bp = len(s.group), self._bucket(len(s.group))
             sub = self._sub_fn(first, last, s.chained, s.masked, ("sub", first, last, Bp, n))
-            x, *stage_rows = sub(*(up[h] for h in s.inputs), *self._pools[2:])
+            x, *stage_rows = sub(*(up[h] for h in s.inputs), *self._pools[G + 1 :])
             self.calls["sub"] += 1
             if s.writes is not None:
                 slots_h, keep_h = s.writes
                 if keep_h is None:
-                    self._pending += [(2 + i, up[slots_h], row) for i, row in enumerate(stage_rows)]
+                    self._pending += [(G + 1 + i, up[slots_h], row) for i, row in enumerate(stage_rows)]
                 else:
-                    idx = up[keep_h]
+                    idx, rows_h = up[keep_h], up[slots_h]
                     self._pending += [
-                        (2 + i, up[slots_h], mx.take(row, idx, axis=0)) for i, row in enumerate(stage_rows)
+                        (G + 1 + i, rows_h, mx.take(row, idx, axis=0)) for i, row in enumerate(stage_rows)
                     ]
             xs_by_sub.append(x[:B] if Bp > B else x)
 
@@ -350,7 +383,7 @@ class StreamingEncoder:
             meta = [up[h] for h in call.meta]
             links = [up[h] for h in call.links]
             frames, kv_new, conv_new = self._stack_fn(T, call.chained, ("stack", T, Bp))(
-                x, self._pools[0], self._pools[1], *meta[:4], meta[6], *links
+                x, tuple(self._pools[:G]), self._pools[G], *meta[:4], meta[6], *links
             )
             self.calls["stack"] += 1
             if Bp > B:
@@ -359,11 +392,12 @@ class StreamingEncoder:
                 if call.keep is not None:
                     idx = up[call.keep]
                     kv_new, conv_new = mx.take(kv_new, idx, axis=3), mx.take(conv_new, idx, axis=1)
-                # (layers, 2, H, B, T, dh) -> the pool's (layers, 2H, B*T, words)
+                # (layers, 2, H, B, T, dh) -> the pools' (layers, 2H, B*T, words), a slice per group
                 L, _, H, Bk, _, dh = kv_new.shape
                 words = kv_new.reshape(L, 2 * H, Bk * T, dh).view(self._word)
-                self._pending.append((0, meta[4], words))
-                self._pending.append((1, meta[5], conv_new.view(self._word)))
+                Lg = L // G
+                self._pending += [(g, meta[4], words[g * Lg : (g + 1) * Lg]) for g in range(G)]
+                self._pending.append((G, meta[5], conv_new.view(self._word)))
             results.append((group, frames))
 
         if dot_path is not None:
@@ -570,15 +604,18 @@ class StreamingEncoder:
         when not compiled (but for one stream's chunks when the CPU's fused kernels are in use). From then
         on, calls of shapes it did not trace (a first chunk that is also the last; a lookahead not warmed)
         run uncompiled rather than trace; a later chunk that ends its stream short rides in the
-        regular calls. The pools are first sized for `streams` (within `max_streams`): the compiled calls
-        take them as inputs, so a pool grown later traces every call again at its new shape, in live
-        steps (docs/benchmarks.md: 176 ms for one call at full size on a CPU)."""
+        regular calls. The pools are first sized for `streams`: the compiled calls take them as inputs,
+        so a pool grown later traces every call again at its new shape, in live steps
+        (docs/benchmarks.md: 176 ms for one call at full size on a CPU). Where one K|V array would pass
+        2**31 values for them, it is split into as few groups of layers as keep each below
+        (`kv_groups_for`; at most one a layer)."""
         if not self.compiled:
             if self.params.array_exp:
                 self._build_fused_kernels(lookahead)
             return 0
-        limit = self.max_streams
-        want = streams if limit is None else min(streams, limit)
+        L = self.cfg.num_hidden_layers
+        want = streams if self.max_streams is None else min(streams, pool_stream_limit(self.cfg, L))
+        self._regroup(max(self._kv_groups, kv_groups_for(self.cfg, want)))
         if want > self._capacity:
             self._grow(want)
         self._tracing = set() if self._traced is None else set(self._traced)
@@ -680,10 +717,18 @@ def _jit_build_lock() -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def pool_stream_limit(cfg: EncoderConfig) -> int:
-    """The most slots for which the K|V pool, (layers, 1 + slots * Lc, 2D) values, stays below 2**31."""
-    rows = _MAX_POOL_ELEMENTS // (cfg.num_hidden_layers * 2 * cfg.hidden_size)
+def pool_stream_limit(cfg: EncoderConfig, kv_groups: int = 1) -> int:
+    """The most slots for which each of `kv_groups` K|V pool arrays, (layers / kv_groups,
+    1 + slots * Lc, 2D) values, stays below 2**31."""
+    rows = _MAX_POOL_ELEMENTS // (cfg.num_hidden_layers // kv_groups * 2 * cfg.hidden_size)
     return max(1, (rows - 1) // cfg.left_context_frames)
+
+
+def kv_groups_for(cfg: EncoderConfig, streams: int) -> int:
+    """The fewest K|V pool arrays (a divisor of the layers) that hold `streams` slots below 2**31
+    values each; one a layer when even those cannot."""
+    L = cfg.num_hidden_layers
+    return next((g for g in range(1, L + 1) if L % g == 0 and pool_stream_limit(cfg, g) >= streams), L)
 
 
 def _subsample_step(
@@ -709,7 +754,7 @@ def _subsample_step(
 def _stack_step(
     params: EncoderParams,
     x: mx.array,
-    kv_pool: mx.array,
+    kv_pools: tuple[mx.array, ...],
     conv_pool: mx.array,
     kv_idx: mx.array,
     conv_idx: mx.array,
@@ -720,10 +765,12 @@ def _stack_step(
     follows: mx.array | None = None,
     conv_ctx: mx.array | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
-    L, planes, _, _ = kv_pool.shape
-    H, dh = planes // 2, params.cfg.hidden_size // (planes // 2)
-    values = _take_values(kv_pool.reshape(L * planes, *kv_pool.shape[2:]), kv_idx, params.dtype)
-    kv_cache = values.reshape(L, 2, H, *kv_idx.shape, dh)  # oldest first
+    kv_cache = []  # per group (layers, 2, H, B, Lc, dh), oldest first
+    for pool in kv_pools:
+        L, planes, _, _ = pool.shape
+        H, dh = planes // 2, params.cfg.hidden_size // (planes // 2)
+        values = _take_values(pool.reshape(L * planes, *pool.shape[2:]), kv_idx, params.dtype)
+        kv_cache.append(values.reshape(L, 2, H, *kv_idx.shape, dh))
     conv_cache = _take_values(conv_pool, conv_idx, params.dtype)  # (layers, B, K-1, D)
     chain = None
     if parent is not None and follows is not None and conv_ctx is not None:
@@ -819,12 +866,6 @@ class _Uploads:
         self._used = start + n
         self._parts.append((start, n, shape, dtype))
         return start
-
-
-def _slot_axis(pool: int) -> int:
-    """The slot (ring row) axis of pool `pool`: 2 in the kv pool (after the layer and K|V-head planes),
-    1 in the conv pool (after the layer), 0 in the subsampling pools."""
-    return (2, 1)[pool] if pool < 2 else 0
 
 
 def _words(dtype: mx.Dtype, n: int) -> tuple[mx.Dtype, int]:

@@ -93,8 +93,10 @@ def run_schedule(enc: StreamingEncoder, streams: list[Stream], rng: np.random.Ge
     return step
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_batched_frames_equal_each_streams_solo_run(bundle: Bundle, compiled: bool) -> None:
+@pytest.mark.parametrize(
+    "compiled,kv_groups", [(False, 1), (True, 1), (True, 2)], ids=["eager", "compiled", "kv-layer-groups"]
+)
+def test_batched_frames_equal_each_streams_solo_run(bundle: Bundle, compiled: bool, kv_groups: int) -> None:
     rng = np.random.default_rng(11 if compiled else 12)
     lookaheads = [0, 3, 6, 13] if not compiled else [3, 3, 0, 13]
     streams = []
@@ -112,7 +114,7 @@ def test_batched_frames_equal_each_streams_solo_run(bundle: Bundle, compiled: bo
                 empty_last=i == 2,
             )
         )
-    enc = make(bundle, capacity=2, compile=compiled)  # grows while streams join
+    enc = make(bundle, capacity=2, compile=compiled, kv_groups=kv_groups)  # grows while streams join
     run_schedule(enc, streams, rng)
     assert enc.capacity >= 4 and enc.n_active == 0
     reference = make(bundle)
@@ -227,6 +229,30 @@ def test_warmup_sizes_the_pools_for_the_streams_expected_before_it_traces(bundle
     small = make(bundle, compile=True)
     small.warmup(3, 5, streams=3)  # fewer than the batch buckets need: those decide
     assert small.capacity == 8
+
+
+def test_warmup_splits_the_kv_pool_into_layer_groups_where_one_array_would_pass_the_limit(
+    bundle: Bundle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPU kernels address a pool array with 32 bits: where the streams expected would take one K|V
+    array past that, warm-up splits it into groups of layers, each below, and a stream already running
+    reads its caches from them as before. (The limit is lowered here so that 20 streams pass it.)"""
+    from asr_core.encoder import streaming
+
+    cfg = bundle.config.encoder
+    per_slot = cfg.num_hidden_layers * cfg.left_context_frames * 2 * cfg.hidden_size
+    monkeypatch.setattr(streaming, "_MAX_POOL_ELEMENTS", 12 * per_slot)
+    assert streaming.pool_stream_limit(cfg) == 11 and streaming.pool_stream_limit(cfg, 2) == 23
+    assert streaming.kv_groups_for(cfg, 11) == 1 and streaming.kv_groups_for(cfg, 20) == 2
+    mel = np.random.default_rng(6).standard_normal((200, 128), dtype=np.float32)
+    chunks = split(mel, 3)
+    enc = make(bundle, compile=True)
+    slot = enc.alloc(19, 3)
+    frames = [enc.step([ChunkInput(slot, c, last)])[0] for c, last in chunks[:3]]
+    enc.warmup(3, 5, streams=20)
+    assert enc.kv_groups == 2 and enc.capacity == 20 and enc.n_active == 1
+    frames += [enc.step([ChunkInput(slot, c, last)])[0] for c, last in chunks[3:]]
+    np.testing.assert_allclose(np.concatenate(frames), solo(make(bundle), mel, 3, 19), atol=TOL, rtol=0)
 
 
 def test_after_warmup_a_short_last_chunk_runs_in_the_compiled_regular_call(bundle: Bundle) -> None:
@@ -368,9 +394,10 @@ def test_a_step_sends_its_host_made_inputs_as_one_array(
 
 
 def test_on_a_gpu_the_pools_stop_growing_below_2_to_the_31_elements() -> None:
-    """Some MLX GPU kernels index with 32 bits: at full size the one K|V pool of every layer passes
-    2**31 elements at 781 slots, so an engine holds at most 780 streams there (none on the CPU)."""
-    from asr_core.encoder.streaming import pool_stream_limit
+    """Some MLX GPU kernels index with 32 bits: at full size one K|V pool array for every layer passes
+    2**31 elements at 781 slots (none on the CPU); more streams take the layers in groups, an array
+    each."""
+    from asr_core.encoder.streaming import kv_groups_for, pool_stream_limit
     from tools.bundle.spec import FULL
 
     cfg = FULL.encoder_config()
@@ -381,3 +408,7 @@ def test_on_a_gpu_the_pools_stop_growing_below_2_to_the_31_elements() -> None:
     limit = pool_stream_limit(cfg)
     assert kv_elements(limit) < 2**31 <= kv_elements(limit + 1)
     assert limit == 780
+    # More streams split the K|V pool into groups of layers, each array below 2**31 values.
+    assert [kv_groups_for(cfg, n) for n in (780, 781, 1000, 1560, 1561, 2000)] == [1, 2, 2, 2, 3, 3]
+    groups = kv_groups_for(cfg, 2000)
+    assert kv_elements(2000) // groups < 2**31 and pool_stream_limit(cfg, groups) >= 2000

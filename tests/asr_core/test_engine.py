@@ -90,6 +90,8 @@ class FakeEncoder:
     def warmup(self, lookahead: int, max_batch: int, streams: int = 0) -> int:
         self.thread_names.add(threading.current_thread().name)
         self.warmups.append((lookahead, max_batch, streams, len(self.batch_sizes)))
+        if self.max_streams is not None:  # as the real one splits its pools for the streams expected
+            self.max_streams = max(self.max_streams, streams)
         return 1
 
     def alloc(self, prompt_id: int, lookahead: int) -> int:
@@ -508,3 +510,14 @@ def test_an_engine_whose_pools_are_full_refuses_new_streams_until_one_ends() -> 
         third = Collector()
         eng.open_stream("c", StreamOptions(), third).finish()
         assert third.ended.reason == "finished"
+
+
+def test_an_engines_stream_limit_is_the_encoders_after_its_warm_up() -> None:
+    """Warm-up may lay the pools out for the streams expected (more than they held before)."""
+    encoder = FakeEncoder(max_streams=2)
+    with AsrEngine(FakeModel(encoder), dataclasses.replace(config(), streams=3)) as eng:
+        assert eng.max_streams == 3
+        for key in "abc":
+            eng.open_stream(key, StreamOptions(), Collector())
+        with pytest.raises(EngineFullError, match="most streams"):
+            eng.open_stream("d", StreamOptions(), Collector())
