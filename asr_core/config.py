@@ -63,8 +63,9 @@ class DecoderConfig:
     workers: int = 2
     # Device mode only: decode a step's rows on a thread of their own, beside the next encoder step
     # (True), or on the MLX thread right after the step that made them (False: one MLX thread, each
-    # step then decodes before the next one starts).
-    device_thread: bool = True
+    # step then decodes before the next one starts). False by default: a second MLX thread slowed the
+    # encoder's steps more than the overlap gained (docs/benchmarks.md).
+    device_thread: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in DECODER_MODES:

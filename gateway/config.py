@@ -98,7 +98,7 @@ class DecoderSettings(BaseModel):
         2, ge=1, description="Chunks of a call encoded but not yet decoded before its encoding waits"
     )
     device_thread: bool = Field(
-        True,
+        False,
         description="device mode: decode on a thread of its own beside the next encoder step (true), or on "
         "the encoder's thread after each step (false)",
     )

@@ -169,7 +169,7 @@ def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.Mo
     monkeypatch.setenv("NEMO_BATCH_MAX", "128")
     monkeypatch.setenv("TTG_ENCODER__MAX_QUEUED_CHUNKS", "8")
     monkeypatch.setenv("TTG_DECODER__MAX_UNDECODED_CHUNKS", "3")
-    monkeypatch.setenv("TTG_DECODER__DEVICE_THREAD", "false")
+    monkeypatch.setenv("TTG_DECODER__DEVICE_THREAD", "true")
     monkeypatch.setenv("TTG_ASR__ENDPOINT_BLANK_MS", "600")
     monkeypatch.setenv("TTG_ASR__ENDPOINT_MAX_BLANK_MS", "1500")
     monkeypatch.setenv("TTG_ASR__PARTIALS", "false")
@@ -188,7 +188,7 @@ def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.Mo
     assert (cfg.decoder.mode, cfg.decoder.workers) == ("workers", 5)
     assert (cfg.scheduler.max_batch, cfg.scheduler.max_queued_chunks) == (128, 8)
     assert cfg.scheduler.max_undecoded_chunks == 3
-    assert cfg.decoder.device_thread is False
+    assert cfg.decoder.device_thread is True
     assert (cfg.endpoint.blank_ms, cfg.endpoint.max_blank_ms, cfg.endpoint.partials) == (600, 1500, False)
     assert (cfg.default_language, cfg.default_lookahead) == ("uk-UA", 6)
     assert (cfg.vad.kind, cfg.vad.hangover_ms, cfg.vad.min_speech_ms, cfg.vad.webrtc_mode) == (

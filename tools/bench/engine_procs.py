@@ -46,9 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decoder-mode", default="batched", choices=["workers", "batched", "device"])
     p.add_argument("--workers", type=int, default=2, help="decoder threads (assembly only in device mode)")
     p.add_argument(
-        "--device-inline",
+        "--device-thread",
         action="store_true",
-        help="device mode: decode on the encoder's thread after each step, not on a thread of its own",
+        help="device mode: decode on a thread of its own beside the next step, not on the encoder's "
+        "thread after each step",
     )
     p.add_argument("--max-batch", type=int, default=256)
     p.add_argument("--max-wait-ms", type=float, default=100.0)
@@ -179,9 +180,7 @@ def main(args: argparse.Namespace) -> int:
             wait_policy=args.wait_policy,
         ),
         streams=max(args.calls),  # as the gateway sizes an engine's pools for its share of the calls
-        decoder=DecoderConfig(
-            mode=args.decoder_mode, workers=args.workers, device_thread=not args.device_inline
-        ),
+        decoder=DecoderConfig(mode=args.decoder_mode, workers=args.workers, device_thread=args.device_thread),
     )
     results = []
     print(f"host: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)

@@ -171,7 +171,7 @@ print(f"{len(ids)} calls, {len(ours)} found in the log", "".join(lines[-3000:]),
 PY
   stamp "gateway levels done"
   # The one-process model on CUDA too: start, one short call, SIGTERM; exit status and abort marks.
-  # Device decoding, as in the levels above: its own MLX thread must end cleanly there too.
+  # Device decoding, as in the levels above: its MLX thread must end cleanly there too.
   if [ "${ONE_PROCESS:-1}" = 1 ]; then
     python3 -m gateway.cli bench gateway --levels 1 --call-seconds 3 --audio "$KIT_AUDIO" \
       --redis-server "$KIT_REDIS" --env TTG_MODEL__DIR=/tmp/full --env TTG_DAEMON__MEDIA_WORKERS=0 \
@@ -235,10 +235,10 @@ share)
   # BURN busy-looping processes take cores as the gateway's other processes do; MPS=1 through an MPS
   # server of this run's own. One engine alone at 375 calls against four at 375 each (the gateway's
   # 1 500) tells sharing the GPU from sharing the cores from the engine's own work. SHARE_RUNS: the
-  # runs, each K:CALLS:BURN:MPS[:inline] (CALLS may be a comma list: levels one after the other on one
-  # engine; inline: the device decoder on the encoder's thread, TTG_DECODER__DEVICE_THREAD=false).
+  # runs, each K:CALLS:BURN:MPS[:thread] (CALLS may be a comma list: levels one after the other on one
+  # engine; thread: the device decoder on a thread of its own, TTG_DECODER__DEVICE_THREAD=true).
   for spec in ${SHARE_RUNS:-1:375:0:1 1:1500:0:1}; do
-    IFS=: read -r k calls burn mps inline <<< "$spec"
+    IFS=: read -r k calls burn mps thread <<< "$spec"
     stamp "share $spec: $k engine process(es) at $calls calls each, $burn busy processes, MPS $mps" | tee -a "$OUT/share.txt"
     if [ "$mps" = 1 ]; then
       export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log
@@ -252,7 +252,7 @@ share)
     for i in $(seq "$k"); do
       timeout $(( 2 * ${SHARE_SECONDS:-40} + 150 )) python3 -m gateway.cli bench engine-procs --model /tmp/full \
         --precision f16 --calls ${calls//,/ } --feeders $(( (${calls##*,} + 124) / 125 )) \
-        --seconds "${SHARE_SECONDS:-40}" --decoder-mode device ${inline:+--device-inline} --max-batch 512 \
+        --seconds "${SHARE_SECONDS:-40}" --decoder-mode device ${thread:+--device-thread} --max-batch 512 \
         --barrier "/tmp/share_barrier:$k" > "/tmp/share_$i.log" 2>&1 &
       benches+=($!)
     done
