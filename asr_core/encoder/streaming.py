@@ -613,8 +613,9 @@ class StreamingEncoder:
             if self.params.array_exp:
                 self._build_fused_kernels(lookahead)
             return 0
-        L = self.cfg.num_hidden_layers
-        want = streams if self.max_streams is None else min(streams, pool_stream_limit(self.cfg, L))
+        # On a GPU at most what one array a layer holds (the most streams any layout holds).
+        most = None if self.max_streams is None else pool_stream_limit(self.cfg, self.cfg.num_hidden_layers)
+        want = streams if most is None else min(streams, most)
         self._regroup(max(self._kv_groups, kv_groups_for(self.cfg, want)))
         if want > self._capacity:
             self._grow(want)
