@@ -32,6 +32,7 @@ import numpy as np
 
 from asr_core.api import StreamEnded
 from asr_core.config import DecoderConfig, EngineConfig, SchedulerConfig
+from asr_core.errors import EngineFullError
 from asr_core.remote import EngineProcess
 from asr_core.wire import Decode, Dropped, Event, Latency, Status, Step
 from tools.bench.gateway import Sampler
@@ -100,7 +101,7 @@ def run(
     decodes: list[float] = []
     latency: dict[str, list[float]] = {"partial": [], "final": []}
     lag_max = 0.0
-    dropped = errors = ended = 0
+    dropped = errors = refused = ended = 0
     assert engine.results is not None
     deadline = time.monotonic() + args.seconds + 120
     while ended < n and time.monotonic() < deadline:
@@ -119,7 +120,10 @@ def run(
                 lag_max = max(lag_max, float(out.values.get("lag_s", 0.0)))
             elif isinstance(out, Event) and isinstance(out.event, StreamEnded):
                 ended += 1
-                errors += out.event.reason != "finished"
+                # A stream the engine refused at open (its pools full) ends at once with this error.
+                full = (out.event.error or "").startswith(EngineFullError.__name__)
+                refused += full
+                errors += out.event.reason != "finished" and not full
         if not engine.poll_control():
             break
     t1 = time.monotonic()
@@ -136,6 +140,7 @@ def run(
         "calls": n,
         "feeders": feeders,
         "ended": ended,
+        "refused": refused,
         "not_finished": errors + (n - ended),
         "steps": len(steps),
         "batch_mean": round(float(np.mean(batches)), 1) if batches else None,
