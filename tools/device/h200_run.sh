@@ -9,12 +9,13 @@
 #   bash tools/device/h200_run.sh dispatch  # the step's wall time per B under MLX's CUDA-graph settings
 #   bash tools/device/h200_run.sh parity    # each kit clip alone and as a row of 512: tokens, frames, decoder
 #   bash tools/device/h200_run.sh share     # engine processes side by side, no SIP/RTP: what sharing costs
+#   bash tools/device/h200_run.sh probe     # only the machine's fingerprint every phase starts with
 #
 # Every phase: MLX + wheels (device_env.sh), the kit's redis-server, a full-size f16 bundle generated
 # into /tmp/full (random weights, calibrated as `ttg make-bundle` does). Results go to $OUT (at most 8
 # files come back): the JSON/markdown summaries, the daemon's log, this script's log.
 set -uo pipefail
-phase=${1:?usage: h200_run.sh engine|gateway|profile|encoder|dispatch|parity|share [levels]}
+phase=${1:?usage: h200_run.sh engine|gateway|profile|encoder|dispatch|parity|share|probe [levels]}
 levels=${2:-500,1000,2000}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -28,6 +29,11 @@ nproc
 # Whether the cores are hyperthreads (two of the 16 sharing one core's units): the engines' dispatch threads
 # then slow down when the media workers run on their siblings.
 lscpu | grep -E "^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)|CPU max MHz)" || true
+# The machine's fingerprint: the GPU's clocks and what holds them down, the interpreter's speed, one
+# synchronized MLX round trip (tools/device/machine_probe.py).
+nvidia-smi --query-gpu=pstate,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active --format=csv
+python3 -m tools.device.machine_probe
+[ "$phase" = probe ] && exit 0
 # A warm machine keeps /tmp: a bundle an earlier call finished is used again (the same seed and code).
 make_bundle() {
   [ -e /tmp/full.done ] && return 0
