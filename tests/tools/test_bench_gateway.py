@@ -56,6 +56,21 @@ def test_sentences_the_model_says_nothing_for_are_named_from_the_replay_report_a
     assert math.isclose(level["ttfp_p50_s"], 0.05)
 
 
+def test_a_levels_p95_to_the_finals_xadd_follows_the_capacity_rule_and_is_absent_from_older_reports(
+    tmp_path: Path,
+) -> None:
+    """Each final's TTF to its XADD (the load generator's reading lag left out), a missing final counted
+    as infinitely late as in the first p95; reports written before the field existed give none."""
+    said = [{"ttf_s": 0.1 * k + 0.2, "ttf_published_s": 0.1 * k, "ttfp_s": 0.05} for k in range(1, 21)]
+    level = _merge_reports([_report(tmp_path / "r0", said)])
+    assert level["ttf_p95_s"] == round(2.1, 3) and level["ttf_p95_published_s"] == round(1.9, 3)
+    lost = {"ttf_s": None, "ttfp_s": 0.3}
+    level = _merge_reports([_report(tmp_path / "r1", [*said[:10], lost])])
+    assert level["ttf_p95_published_s"] == "inf"
+    older = [{"ttf_s": u["ttf_s"], "ttfp_s": 0.05} for u in said]
+    assert _merge_reports([_report(tmp_path / "r2", older)])["ttf_p95_published_s"] is None
+
+
 def test_a_level_measures_the_engine_with_the_adaptive_call_limit_off_unless_asked_for() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -54,7 +54,18 @@ async def test_reader_starts_after_the_last_entry_and_keeps_only_this_runs_calls
     assert (got[2].segment_id, got[2].start_ms, got[2].end_ms) == (0, 100, 900)
     assert got[3].fields["rtp_packets"] == "250" and got[3].fields["reason"] == "bye"
     assert all(t0 <= e.arrival <= time.monotonic() for e in got)
+    # When redis-server stored each entry (its ID's milliseconds), on our clock: after the first XADD
+    # was asked for and before the read returned (1 ms slack for the ID's resolution).
+    assert all(e.published is not None and t0 - 0.002 <= e.published <= e.arrival + 0.002 for e in got)
     assert reader.entries_read == 5 and reader.foreign == 1
+
+
+def test_an_entry_id_is_put_on_the_readers_clock_by_the_offset_anchored_at_open() -> None:
+    reader = EventReader("redis://127.0.0.1:1/0", STREAM, lambda: 50.0)
+    assert reader.published("1700000000123-0") is None  # not anchored: no offset known
+    reader.anchor(1_700_000_000.0)  # our clock reads 50.0 when the wall clock reads 1.7e9
+    assert reader.published("1700000000123-4") == pytest.approx(50.123)
+    assert reader.published("*") is None and reader.published("12x-0") is None
 
 
 async def test_reader_reads_an_empty_or_missing_stream_from_the_start(redis_url: str) -> None:

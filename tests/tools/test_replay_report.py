@@ -55,6 +55,16 @@ def test_time_to_final_runs_from_the_last_speech_packet_to_the_final_arrival() -
     assert got[1] == UtteranceResult(3500, 5000, pytest.approx(0.6), pytest.approx(0.2), 1, "a.wav#1")  # type: ignore[arg-type]
 
 
+def test_time_to_final_as_published_runs_to_the_finals_xadd_not_to_when_the_replay_read_it() -> None:
+    """A busy load generator reads late: the time redis-server stored the final (its entry ID, on the
+    replay's clock) gives what the gateway took; unknown for an event without it."""
+    late_read = ReceivedEvent("final", 4, 12.9, text="hello", start_ms=400, end_ms=2100, published=12.3)
+    unknown = ev("final", 6, 15.2, "how are you", (3400, 5100))
+    got = analysis.match_utterances(UTTS, [late_read, unknown])
+    assert got[0].ttf_s == pytest.approx(0.9) and got[0].ttf_published_s == pytest.approx(0.3)
+    assert got[1].ttf_s == pytest.approx(0.2) and got[1].ttf_published_s is None
+
+
 def test_a_final_that_merges_two_utterances_counts_for_both_so_a_missed_endpoint_shows_as_latency() -> None:
     events = [ev("final", 1, 15.3, "hello there how are you", (400, 5100))]
     got = analysis.match_utterances(UTTS, events)

@@ -9,6 +9,9 @@ Definitions (docs/replay.md has the long form):
 - time to final (TTF) = arrival of the last final covering the utterance − send time of the packet
   carrying its last speech sample ("the last word before a pause → the final transcript"). A final
   that merges two utterances counts for both, so a missed endpoint shows up as a long TTF.
+- TTF as published: the same, from the moment redis-server stored that final (its entry ID's
+  milliseconds, on the replay's clock) instead of the moment the replay read it: what the gateway
+  took, without the replay's own lag in reading (both on one host's clock; None when not known).
 - Events without a media span are matched by order: the k-th final closes the k-th utterance.
 - partial stability: a partial is unstable when its text is not a prefix of the next partial or the
   final of the same segment (whitespace collapsed, case kept): share of unstable partials.
@@ -49,7 +52,8 @@ def _opt_int(value: str | None) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class ReceivedEvent:
-    """One schema-v1 event read from the stream, with the time the reader got it (monotonic s)."""
+    """One schema-v1 event read from the stream, with the time the reader got it (monotonic s) and,
+    where known, the time redis-server stored it (`published`, on the same clock)."""
 
     type: str
     seq: int
@@ -61,9 +65,12 @@ class ReceivedEvent:
     ts: float = 0.0
     entry_id: str = ""
     fields: dict[str, str] = field(default_factory=dict)
+    published: float | None = None
 
     @classmethod
-    def from_fields(cls, fields: dict[str, str], arrival: float, entry_id: str = "") -> ReceivedEvent:
+    def from_fields(
+        cls, fields: dict[str, str], arrival: float, entry_id: str = "", published: float | None = None
+    ) -> ReceivedEvent:
         try:
             ts = float(fields.get("ts", "") or 0.0)
         except ValueError:
@@ -78,6 +85,7 @@ class ReceivedEvent:
             end_ms=_opt_int(fields.get("end_ms")),
             ts=ts,
             entry_id=entry_id,
+            published=published,
             fields=dict(fields),
         )
 
@@ -138,6 +146,7 @@ class UtteranceResult:
     ttf_s: float | None
     finals: int  # finals covering this utterance
     sentence: str = ""  # "clip#k": which sentence was spoken (a model may say nothing for one)
+    ttf_published_s: float | None = None  # TTF to the final's XADD (module docstring)
 
 
 def _covers(ev: ReceivedEvent, u: UtteranceTiming, margin_ms: int) -> bool:
@@ -169,7 +178,11 @@ def match_utterances(
             covering = [e for e in transcripts if lo < e.seq <= hi and e.arrival >= start_t]
         ttfp = min(e.arrival for e in covering) - start_t if covering else None
         ttf = max(e.arrival for e in covering_finals) - u.end_t if covering_finals else None
-        out.append(UtteranceResult(u.start_ms, u.end_ms, ttfp, ttf, len(covering_finals), u.sentence))
+        stored = [e.published for e in covering_finals if e.published is not None]
+        known = bool(stored) and len(stored) == len(covering_finals)
+        ttf_published = max(stored) - u.end_t if known else None
+        n = len(covering_finals)
+        out.append(UtteranceResult(u.start_ms, u.end_ms, ttfp, ttf, n, u.sentence, ttf_published))
     return out
 
 

@@ -3,13 +3,18 @@
 The reader notes the stream's last entry before the first call and reads forward from it with a
 blocking XREAD, advancing its own cursor (re-reading from `$` each time would lose what arrived between
 two reads). It keeps the events whose `sip_call_id` belongs to this run, stamped with the monotonic
-time the read returned: on loopback a blocking XREAD returns within a millisecond of the XADD.
+time the read returned: on loopback a blocking XREAD returns within a millisecond of the XADD, unless
+this process is late itself (a busy load generator). So each event also carries when redis-server
+stored it: an entry ID is the server's wall clock in milliseconds at the XADD (Redis "Streams
+introduction": `<millisecondsTime>-<sequenceNumber>`), put on our monotonic clock by the offset
+between the two clocks taken at `open()` — the same host's clock, as in the loopback capacity runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +41,19 @@ class EventReader:
         self.errors = 0
         self.last_error = ""
         self._stopping = False
+        self._mono_minus_wall: float | None = None  # set by `anchor`
+
+    def anchor(self, wall_now: float) -> None:
+        """Relate the server's clock (entry IDs) to ours: `wall_now` is the wall-clock time now."""
+        self._mono_minus_wall = self._clock() - wall_now
+
+    def published(self, entry_id: str) -> float | None:
+        """When redis-server stored the entry, on our clock (1 ms resolution); None before `anchor`
+        or for an ID that is not `<ms>-<seq>`."""
+        ms, sep, _seq = entry_id.partition("-")
+        if self._mono_minus_wall is None or not sep or not ms.isdigit():
+            return None
+        return int(ms) / 1000.0 + self._mono_minus_wall
 
     async def open(self) -> None:
         """Connect and take the starting point. Raises RedisError when Redis is not reachable."""
@@ -43,6 +61,7 @@ class EventReader:
             self.url, decode_responses=True, encoding_errors="replace", protocol=2
         )  # RESP2: XREAD replies as [[stream, [(id, fields), ...]]]
         await self._redis.ping()
+        self.anchor(time.time())
         last = await self._redis.xrevrange(self.stream, "+", "-", count=1)
         self.last_id = str(last[0][0]) if last else "0-0"
 
@@ -70,7 +89,7 @@ class EventReader:
             if bucket is None:
                 self.foreign += 1
                 continue
-            ev = ReceivedEvent.from_fields(fields, arrival, entry_id)
+            ev = ReceivedEvent.from_fields(fields, arrival, entry_id, self.published(entry_id))
             bucket.append(ev)
             if ev.type == "call_end":
                 self._ended[cid].set()

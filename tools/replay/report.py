@@ -78,6 +78,7 @@ class Summary:
     setup_s: Stats
     ttf_s: Stats
     ttfp_s: Stats
+    ttf_published_s: Stats  # to the final's XADD: without the replay's own lag in reading it
     utterances: int
     utterances_without_final: int | None  # None: events were not read back (--no-redis)
     partials: int
@@ -263,6 +264,7 @@ def summarize(results: Sequence[CallResult], peak_active: int = 0, readback: boo
         setup_s=analysis.stats(c.setup_s for c in answered if c.setup_s is not None),
         ttf_s=analysis.stats(u.ttf_s for u in utts if u.ttf_s is not None),
         ttfp_s=analysis.stats(u.ttfp_s for u in utts if u.ttfp_s is not None),
+        ttf_published_s=analysis.stats(u.ttf_published_s for u in utts if u.ttf_published_s is not None),
         utterances=len(utts),
         utterances_without_final=sum(1 for u in utts if u.ttf_s is None) if readback else None,
         partials=sum(c.partials for c in legs),
@@ -336,6 +338,7 @@ def summary_markdown(s: Summary) -> list[str]:
         "| latency (ms) | n | p50 | p95 | p99 | mean | max |",
         "| --- | --- | --- | --- | --- | --- | --- |",
         _stats_row("time to final", s.ttf_s),
+        _stats_row("time to final, to its XADD", s.ttf_published_s),
         _stats_row("time to first partial", s.ttfp_s),
         _stats_row("call setup (INVITE → 200)", s.setup_s),
     ]
