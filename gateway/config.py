@@ -341,8 +341,8 @@ class DaemonSettings(BaseModel):
     engines: int = Field(
         1,
         ge=1,
-        description="ASR engine processes, with media workers (at most one per worker): each batches the "
-        "calls of its share of the workers on the same accelerator; more than one where one process's "
+        description="ASR engine processes, with media workers (at most one per worker): each batches an "
+        "equal share of the calls on the same accelerator; more than one where one process's "
         "kernel launches are the limit (a GPU: docs/benchmarks.md)",
     )
     engine_switch_interval_ms: float = Field(

@@ -407,7 +407,7 @@ EngineFactory = Callable[[Any, Callable[[BaseException], None]], Any]
 def engine_config(s: Settings, share: float = 1.0) -> EngineConfig:
     """The engine's dataclasses from the typed settings: built field by field, so a renamed setting
     is a type error here instead of a silent fall-back to a default. `share`: the part of the call
-    limit this engine serves (its media workers' part), the streams its pools are sized for."""
+    limit this engine serves (one engine's part of the legs), the streams its pools are sized for."""
     from asr_core.config import DecoderConfig, EndpointConfig, EngineConfig, SchedulerConfig
     from asr_core.vad import VadConfig
 
@@ -713,6 +713,7 @@ class Daemon:
             n,
             spec_file=spec_file,
             chunk_ends=chunk_ends,
+            engines=worker_engines(n, len(engines)),
             media_config=asdict(media_config(s.rtp)),
             host=s.rtp.host,
             port_min=s.rtp.port_min,
@@ -1071,8 +1072,8 @@ class RestartBudget:
 
 def admission_limit(engine_limits: Sequence[int | None], workers: int) -> int | None:
     """The most calls the engines can hold (None: no limit): the sum of their stream limits, less one per
-    media worker (legs go to the least-loaded worker, so an engine may hold one more per worker than
-    its share)."""
+    media worker (legs are spread evenly over the engines that take them, but while an engine's workers
+    are suspended the others take its share, so one may hold more than its part)."""
     if not engine_limits or any(x is None for x in engine_limits):
         return None
     return max(1, sum(x for x in engine_limits if x is not None) - workers)
@@ -1085,9 +1086,15 @@ def worker_chunk_ends(per_engine: Sequence[Sequence[Any]]) -> list[Any]:
     return [per_engine[i % n][i // n] for i in range(total)]
 
 
+def worker_engines(workers: int, engines: int) -> list[int]:
+    """The engine process each media worker feeds: worker i feeds engine i mod N (`worker_chunk_ends`)."""
+    return [i % engines for i in range(workers)]
+
+
 def engine_front_ends(workers: int, engines: int) -> list[int]:
-    """How many media workers feed each engine process (worker i feeds engine i mod N)."""
-    return [len(range(k, workers, engines)) for k in range(engines)]
+    """How many media workers feed each engine process."""
+    feeds = worker_engines(workers, engines)
+    return [feeds.count(k) for k in range(engines)]
 
 
 # --- entry point -------------------------------------------------------------------------------------
@@ -1195,7 +1202,8 @@ def _run_engines_and_daemon(
             return EngineProcess(
                 folder,
                 settings.model.precision,
-                engine_config(settings, front_ends[k] / workers),
+                # Legs are spread evenly over the engines (`place_leg`), however many workers feed each.
+                engine_config(settings, 1 / n_engines),
                 front_ends=front_ends[k],
                 log_level=settings.log.level,
                 role="engine" if n_engines == 1 else f"engine_{k}",

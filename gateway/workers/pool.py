@@ -2,9 +2,10 @@
 
 `MediaWorkerPool.start()` spawns `n` processes (`python -m gateway.workers.media_worker`), each with its
 own slice of the RTP port range, a control socketpair (JSON lines, gateway.workers.protocol) and its
-end of a chunk channel to the engine process. A leg goes to the worker with the fewest legs; its
-messages then go to that worker. Answers (opened / open_failed / closed) resolve the awaiting calls,
-events (DTMF, inactivity) go to `on_event`, metric deltas into this process's registry.
+end of a chunk channel to an engine process. A leg goes to the engine that carries the fewest legs and
+there to its worker with the fewest (`place_leg`); its messages then go to that worker. Answers
+(opened / open_failed / closed) resolve the awaiting calls, events (DTMF, inactivity) go to
+`on_event`, metric deltas into this process's registry.
 
 A worker whose control socket reaches EOF is dead: its pending requests fail (`WorkerGone`), its legs
 are reported through `on_worker_died(index, legs)`, and it takes no new legs; the others go on.
@@ -76,6 +77,26 @@ def split_ports(port_min: int, port_max: int, n: int) -> list[tuple[int, int]]:
     return [(first + 2 * per * i, first + 2 * per * (i + 1) - 1) for i in range(n)]
 
 
+def place_leg(engines: Sequence[int], legs: Sequence[int], taking: Sequence[bool]) -> int | None:
+    """The worker for a new leg, given each worker's engine, legs and whether it takes new legs: on the
+    engine that carries the fewest legs among those with a worker taking legs, its taking worker with
+    the fewest (the lowest index on ties); None when no worker takes legs.
+
+    By engine first, because an engine batches the calls of all its workers: when the engine count does
+    not divide the worker count, some engines are fed by more workers than others (12 workers, 5
+    engines: 3, 3, 2, 2, 2), and placing by the workers' legs alone would give those engines that much
+    more of the calls (a quarter each instead of a fifth)."""
+    if not len(engines) == len(legs) == len(taking):
+        raise ValueError("one engine, leg count and taking flag per worker")
+    load: dict[int, int] = {}
+    for engine, n in zip(engines, legs, strict=True):
+        load[engine] = load.get(engine, 0) + n
+    open_ = [i for i, t in enumerate(taking) if t]
+    if not open_:
+        return None
+    return min(open_, key=lambda i: (load[engines[i]], legs[i], i))
+
+
 class MediaWorkerPool:
     def __init__(
         self,
@@ -83,6 +104,7 @@ class MediaWorkerPool:
         *,
         spec_file: Path,
         chunk_ends: Sequence[ChannelEnd],
+        engines: Sequence[int] | None = None,
         media_config: dict[str, Any],
         host: str,
         port_min: int,
@@ -97,6 +119,10 @@ class MediaWorkerPool:
     ) -> None:
         if len(chunk_ends) < n:
             raise ValueError(f"{n} media workers need {n} chunk channels, got {len(chunk_ends)}")
+        # Worker i's engine (the one its chunk channel leads to): legs are spread over engines first.
+        self.engines = [0] * n if engines is None else list(engines)
+        if len(self.engines) != n:
+            raise ValueError(f"{n} media workers need {n} engine indices, got {len(self.engines)}")
         self.n = n
         self.spec_file = spec_file
         self.chunk_ends = list(chunk_ends)
@@ -226,10 +252,14 @@ class MediaWorkerPool:
         stream_id: str,
     ) -> int:
         """Give the leg to a worker and open its port there; its port (OpenFailed, WorkerGone)."""
-        live = [w for w in self.workers if w.alive and w.accepting]
-        if not live:
+        i = place_leg(
+            self.engines,
+            [len(w.legs) if w.alive else 0 for w in self.workers],
+            [w.alive and w.accepting for w in self.workers],
+        )
+        if i is None:
             raise WorkerGone("no media worker is taking calls")
-        w = min(live, key=lambda x: len(x.legs))
+        w = self.workers[i]
         w.legs.add(leg)
         self._owner[leg] = w
         msg = {"op": "open", "leg": leg, "key": key, "plan": plan_to_json(plan), "language": language,

@@ -6,8 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from asr_core.wire import Status
-from gateway.daemon import RestartBudget, admission_limit, engine_front_ends, worker_chunk_ends
+from gateway.daemon import (
+    RestartBudget,
+    admission_limit,
+    engine_front_ends,
+    worker_chunk_ends,
+    worker_engines,
+)
 from gateway.workers.legs import WorkerLegs
+from gateway.workers.pool import place_leg
 
 
 class _Pool:
@@ -16,10 +23,44 @@ class _Pool:
 
 
 def test_worker_i_feeds_engine_i_mod_n() -> None:
+    assert worker_engines(5, 2) == [0, 1, 0, 1, 0]
     assert engine_front_ends(5, 2) == [3, 2]
     assert engine_front_ends(4, 1) == [4]
     ends = [[("e0", 0), ("e0", 1), ("e0", 2)], [("e1", 0), ("e1", 1)]]
     assert worker_chunk_ends(ends) == [("e0", 0), ("e1", 0), ("e0", 1), ("e1", 1), ("e0", 2)]
+
+
+def _place(engines: list[int], legs: list[int], taking: list[bool], n: int) -> list[int]:
+    """Where n new legs go, one after the other; the workers' legs after them."""
+    legs = list(legs)
+    for _ in range(n):
+        i = place_leg(engines, legs, taking)
+        assert i is not None
+        legs[i] += 1
+    return legs
+
+
+def test_legs_are_spread_evenly_over_the_engines_however_many_workers_feed_each() -> None:
+    engines = worker_engines(12, 5)  # engines 0 and 1 have three workers, the others two
+    legs = _place(engines, [0] * 12, [True] * 12, 2000)
+    per_engine = [sum(n for n, e in zip(legs, engines, strict=True) if e == k) for k in range(5)]
+    assert per_engine == [400] * 5
+    # Within an engine its workers share its legs evenly.
+    assert sorted({legs[i] for i in range(12) if engines[i] == 0}) == [133, 134]
+    assert {legs[i] for i in range(12) if engines[i] == 4} == {200}
+
+
+def test_one_engine_is_the_workers_with_the_fewest_legs_first() -> None:
+    assert place_leg([0, 0, 0], [2, 1, 1], [True] * 3) == 1  # ties: the lowest index
+    assert _place([0, 0, 0], [5, 0, 2], [True] * 3, 4) == [5, 3, 3]
+
+
+def test_a_worker_not_taking_legs_is_passed_over_but_its_engines_legs_count() -> None:
+    # Engine 0's worker 0 is suspended with 10 legs; its worker 2 still takes legs, but engine 1 has fewer.
+    assert place_leg([0, 1, 0, 1], [10, 3, 0, 3], [False, True, True, True]) == 1
+    # Engine 1 up to engine 0's ten, then they take turns.
+    assert _place([0, 1, 0, 1], [10, 3, 0, 3], [False, True, True, True], 6) == [10, 6, 1, 5]
+    assert place_leg([0, 1], [0, 0], [False, False]) is None
 
 
 def test_the_engines_status_is_the_worst_lag_and_load_and_the_summed_counts() -> None:
