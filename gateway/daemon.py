@@ -922,8 +922,11 @@ class Daemon:
             await asyncio.sleep(STATUS_PERIOD_S)
             if self.legs is not None:
                 status = self.legs.status
+                for k in range(len(self.engine_processes)):
+                    metrics.ENGINE_STREAMS.labels(engine=str(k)).set(self.legs.engine_streams(k))
             elif self.engine is not None and hasattr(self.engine, "status"):
                 status = self.engine.status()
+                metrics.ENGINE_STREAMS.labels(engine="0").set(status.get("active_streams", 0))
             else:
                 continue
             lag, self.engine_load = float(status.get("lag_s", 0.0)), float(status.get("load", 0.0))

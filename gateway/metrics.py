@@ -84,6 +84,12 @@ CALL_LIMIT = Gauge(
     "Streams the adaptive call limit admits now (opens while the engine keeps up; max_calls when off)",
 )
 MEDIA_WORKERS = Gauge("ttg_media_workers", "Media worker processes running (0 in single-process mode)")
+ENGINE_STREAMS = Gauge(
+    "ttg_engine_streams",
+    "Audio streams each ASR engine process holds (its latest status; 0 while it is replaced): new legs go "
+    "to the engine with the fewest",
+    ["engine"],
+)
 ENGINES_UP = Gauge(
     "ttg_engines_up",
     "ASR engine processes taking calls (0 in single-process mode; fewer while one is replaced)",
@@ -217,6 +223,7 @@ def init_metrics(
         RTP_INVALID.labels(reason)
     for kind in TRANSCRIPT_TYPES:
         TRANSCRIPT_LATENCY.labels(kind)
+    ENGINE_STREAMS.labels("0")  # every process model has engine 0; the others appear as they report
     for metric, values in extra_labels:
         for value in values:
             metric.labels(value)

@@ -459,6 +459,12 @@ def asr_rows() -> list[Row]:
                     description="Engines taking calls (0 in single-process mode); one that fails while "
                     "others run is replaced with its media workers",
                 ),
+                Panel(
+                    "Streams per ASR engine",
+                    [(f"sum by (engine) (ttg_engine_streams{SEL})", "engine {{engine}}")],
+                    description="The audio streams each engine process holds; new legs go to the engine "
+                    "with the fewest, so the lines should stay together",
+                ),
             ],
         ),
     ]

@@ -208,6 +208,10 @@ class WorkerLegs:
             "failed": any(p.get("failed", False) for p in parts),
         }
 
+    def engine_streams(self, engine: int) -> int:
+        """The streams engine process `engine` said it holds in its last STATUS (0 without one)."""
+        return int(self._status.get(engine, {}).get("active_streams", 0))
+
     def on_results(self, outputs: Sequence[Any], engine: int = 0) -> None:
         """Records of engine process `engine`'s results channel (on the loop)."""
         hooks = self.hooks

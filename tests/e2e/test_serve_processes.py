@@ -158,8 +158,10 @@ def _environ(pid: int) -> list[str]:
 async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cleanly(
     tiny_bundle: Path, redis_url: str, short_speech: Speech, tmp_path: Path
 ) -> None:
-    """TTG_DAEMON__ENGINES=2: worker i feeds engine i mod 2, so the calls spread over both engines'
-    encoder threads; every call gets its finals and call_end, and SIGTERM drains both (exit 0). Where
+    """TTG_DAEMON__ENGINES=2 with three media workers: worker i feeds engine i mod 2, so engine 0 has two
+    workers and engine 1 one, yet the calls spread evenly over both engines' encoder threads (a new leg
+    goes to the engine with the fewest); every call gets its finals and call_end, and SIGTERM drains both
+    (exit 0). Where
     NVIDIA's MPS control program is installed (here its stand-in), the engines — and only they — run
     through the gateway's own MPS server, which is told to quit after them."""
     mps = mps_control.install(tmp_path / "bin")
@@ -167,6 +169,7 @@ async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cl
     env = {
         "TTG_DAEMON__SHUTDOWN_GRACE_S": "0",
         "TTG_DAEMON__ENGINES": "2",
+        "TTG_DAEMON__MEDIA_WORKERS": "3",
         "PATH": f"{mps.parent}{os.pathsep}{os.environ['PATH']}",
         "MPS_STANDIN_RECORD": str(record),
     }
@@ -184,6 +187,12 @@ async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cl
         assert gw.metric("ttg_cuda_mps") == 1
         callers = _callers(gw, short_speech, tmp_path / "callers", 4)
         await until(_talking(redis_url, 4), "4 calls transcribing", timeout_s=60, detail=gw.log_tail)
+        per_engine = [{"engine": "0"}, {"engine": "1"}]
+        await until(
+            lambda: [gw.metric("ttg_engine_streams", **e) for e in per_engine] == [2.0, 2.0],
+            "two streams on each engine",
+            detail=lambda: str([gw.metric("ttg_engine_streams", **e) for e in per_engine]),
+        )
         gw.signal(signal.SIGTERM)
         assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
         await callers

@@ -86,11 +86,14 @@ def test_the_engines_status_is_the_worst_lag_and_load_and_the_summed_counts() ->
         "max_wait_ms": 30.0,
         "failed": False,
     }
+    assert (legs.engine_streams(0), legs.engine_streams(1), legs.engine_streams(2)) == (3, 4, 0)
     legs.on_results([Status({**one, "lag_s": 0.1})], engine=1)  # the latest record of each engine counts
     assert legs.status["lag_s"] == 0.2
+    assert legs.engine_streams(1) == 3
     legs.on_results([Status({**one, "lag_s": 9.0})], engine=1)
     legs.engine_died("gone", engine=1, workers=[1])  # a dead engine's last lag does not hold admission
     assert legs.status == one
+    assert legs.engine_streams(1) == 0
 
 
 def test_admission_stays_below_what_the_engines_device_pools_hold() -> None:
