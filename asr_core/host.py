@@ -342,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _send(control, {"fatal": f"{type(error).__name__}: {error}"})
 
     from asr_core.config import engine_config_from_json
+    from asr_core.heap import freeze_startup_heap
     from asr_core.model import AsrModel, release_mlx_thread
 
     try:
@@ -365,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),
     }
     spec = model.frontend_spec(vad=config.vad if config.vad.enabled else None)
+    freeze_startup_heap()
     _send(control, {"ready": spec.to_json(), "info": info})
     shutdown = _serve_control(control, host)
     host.stop()

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from asr_core.heap import freeze_startup_heap
 from gateway.addresses import is_unspecified
 from gateway.config import Settings
 from gateway.events import CallEvent, EventPublisher
@@ -671,6 +672,7 @@ class Daemon:
             s.rtp.port_min, s.rtp.port_max, self.http.url, redact_url(s.redis.url), s.redis.stream,
             self.choice.name, type(asyncio.get_running_loop()).__module__.split(".")[0],
         )  # fmt: skip
+        freeze_startup_heap()
 
     def _clamp_max_calls(self) -> None:
         """Keep admission below what the engines' device pools hold (`AsrEngine.max_streams`), so that

@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 
 from asr_core.channel import ChannelEnd, ChannelWriter
 from asr_core.frontend import FrontEndFactory, FrontEndSpec, StreamFrontEnd
+from asr_core.heap import freeze_startup_heap
 from asr_core.remote import ChunkSender, ignore_stop_signals
 from gateway.logs import configure_logging
 from gateway.rtp.media import MediaConfig
@@ -219,6 +220,7 @@ async def _serve(args: argparse.Namespace) -> int:
     sender = ChunkSender(ChannelWriter.open(ChannelEnd.decode(args.chunks)))
     reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=args.control))
     worker = MediaWorker(args.index, sender, FrontEndFactory(spec), manager, writer)
+    freeze_startup_heap()
     worker.send({"op": "ready", "index": args.index, "ports": [media["port_min"], media["port_max"]]})
     metrics = asyncio.create_task(worker.metrics_loop())
     try:
