@@ -10,11 +10,11 @@ def freeze_startup_heap() -> int:
     graphs, settings, sockets) to the interpreter's permanent generation, where the cyclic collector
     does not look at them again; returns how many were frozen.
 
-    Each of the gateway's processes calls this once, when it is ready. Under load a full collection
-    then walks only what the calls made: one of ~100 000 start-up objects costs the single-process
-    gateway ~25 ms on the 2-core VM, every twenty seconds or so, with the event loop or an engine's MLX
-    thread stopped meanwhile (docs/benchmarks.md). A frozen object that later dies is still freed by
-    its reference count; only a reference cycle among frozen objects would stay."""
+    Each of the gateway's processes calls this once, when it is ready. A full collection walks every
+    object the collector tracks, with the event loop or an engine's MLX thread stopped meanwhile: tens
+    of milliseconds for a start-up heap of ~100 000 objects (docs/benchmarks.md); after this, only what
+    the calls made. A frozen object that later dies is still freed by its reference count; only a
+    reference cycle among frozen objects would stay."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
