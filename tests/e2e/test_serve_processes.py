@@ -161,9 +161,8 @@ async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cl
     """TTG_DAEMON__ENGINES=2 with three media workers: worker i feeds engine i mod 2, so engine 0 has two
     workers and engine 1 one, yet the calls spread evenly over both engines' encoder threads (a new leg
     goes to the engine with the fewest); every call gets its finals and call_end, and SIGTERM drains both
-    (exit 0). Where
-    NVIDIA's MPS control program is installed (here its stand-in), the engines — and only they — run
-    through the gateway's own MPS server, which is told to quit after them."""
+    (exit 0). Where NVIDIA's MPS control program is installed (here its stand-in), the engines — and only
+    they — run through the gateway's own MPS server, which is told to quit after them."""
     mps = mps_control.install(tmp_path / "bin")
     record = tmp_path / "mps.txt"
     env = {
