@@ -14,7 +14,9 @@ def freeze_startup_heap() -> int:
     object the collector tracks, with the event loop or an engine's MLX thread stopped meanwhile: tens
     of milliseconds for a start-up heap of ~100 000 objects (docs/benchmarks.md); after this, only what
     the calls made. A frozen object that later dies is still freed by its reference count; only a
-    reference cycle among frozen objects would stay."""
+    reference cycle among frozen objects stays until `gc.unfreeze()`, which the MLX threads' release
+    (`model.release_mlx_thread`) calls before its collection: such a cycle may hold device arrays, which
+    must go before the accelerator's runtime does."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

@@ -136,6 +136,8 @@ def release_mlx_thread() -> None:
 
     import mlx.core as mx
 
+    # Start-up's heap was frozen (asr_core.heap), and a cycle in it may hold arrays: back to the collector.
+    gc.unfreeze()
     gc.collect()  # arrays of this thread that only a reference cycle kept
     mx.synchronize()
     mx.clear_streams()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 from collections.abc import Iterator
 
@@ -47,3 +48,30 @@ def test_what_the_process_makes_after_start_up_is_collected_as_before() -> None:
     del a, b
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.usefixtures("thawed_after")
+def test_an_mlx_threads_release_collects_a_cycle_frozen_at_start_up() -> None:
+    # Such a cycle may hold device arrays, which must be freed before the accelerator's runtime unloads.
+    import mlx.core as mx
+
+    from asr_core.model import release_mlx_thread
+
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    freeze_startup_heap()
+    gone = weakref.ref(a)
+    del a, b
+    gc.collect()
+    assert gone() is not None  # frozen: the collector does not look at it
+
+    def mlx_thread() -> None:  # its own streams, released last (this thread's stay usable)
+        mx.eval(mx.ones((2,)) * 3)
+        release_mlx_thread()
+
+    thread = threading.Thread(target=mlx_thread)
+    thread.start()
+    thread.join()
+
+    assert gone() is None
+    assert gc.get_freeze_count() == 0
