@@ -1085,10 +1085,10 @@ def admission_limit(engine_limits: Sequence[int | None], workers: int) -> int | 
 
 
 def worker_chunk_ends(per_engine: Sequence[Sequence[Any]]) -> list[Any]:
-    """Media worker i's chunk channel: engine i mod N's, its (i div N)-th front-end end."""
+    """Media worker i's chunk channel: its engine's (`worker_engines`) (i div N)-th front-end end."""
     n = len(per_engine)
     total = sum(len(ends) for ends in per_engine)
-    return [per_engine[i % n][i // n] for i in range(total)]
+    return [per_engine[e][i // n] for i, e in enumerate(worker_engines(total, n))]
 
 
 def worker_engines(workers: int, engines: int) -> list[int]:

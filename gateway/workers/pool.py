@@ -104,7 +104,7 @@ class MediaWorkerPool:
         *,
         spec_file: Path,
         chunk_ends: Sequence[ChannelEnd],
-        engines: Sequence[int] | None = None,
+        engines: Sequence[int],
         media_config: dict[str, Any],
         host: str,
         port_min: int,
@@ -120,7 +120,7 @@ class MediaWorkerPool:
         if len(chunk_ends) < n:
             raise ValueError(f"{n} media workers need {n} chunk channels, got {len(chunk_ends)}")
         # Worker i's engine (the one its chunk channel leads to): legs are spread over engines first.
-        self.engines = [0] * n if engines is None else list(engines)
+        self.engines = list(engines)
         if len(self.engines) != n:
             raise ValueError(f"{n} media workers need {n} engine indices, got {len(self.engines)}")
         self.n = n

@@ -186,11 +186,12 @@ async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cl
         assert gw.metric("ttg_cuda_mps") == 1
         callers = _callers(gw, short_speech, tmp_path / "callers", 4)
         await until(_talking(redis_url, 4), "4 calls transcribing", timeout_s=60, detail=gw.log_tail)
-        per_engine = [{"engine": "0"}, {"engine": "1"}]
+
+        def per_engine() -> list[float]:
+            return [gw.metric("ttg_engine_streams", engine=k) for k in ("0", "1")]
+
         await until(
-            lambda: [gw.metric("ttg_engine_streams", **e) for e in per_engine] == [2.0, 2.0],
-            "two streams on each engine",
-            detail=lambda: str([gw.metric("ttg_engine_streams", **e) for e in per_engine]),
+            lambda: per_engine() == [2.0, 2.0], "two streams on each engine", detail=lambda: str(per_engine())
         )
         gw.signal(signal.SIGTERM)
         assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
