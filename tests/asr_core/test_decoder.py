@@ -581,3 +581,40 @@ def test_slots_allocated_together_start_primed_like_one_at_a_time(graphs: RnntGr
     assert want  # the probe emits
     for slot in many:
         assert [(e.token, e.frame) for e in device.decode([slot], [probe], [0])[0]] == want
+
+
+def test_frames_left_on_the_device_decode_exactly_as_the_same_frames_from_the_host(
+    graphs: RnntGraphs,
+) -> None:
+    """An encoder step's frames in one device table (`DeviceFrames`), each chunk from a frame on
+    (`select`), give the tokens, frames, probabilities and committed states of the same frames sent
+    from the host — a flush's commit point inside a chunk included."""
+    import mlx.core as mx
+
+    from asr_core.decoder.device import DeviceDecoder
+    from asr_core.device_frames import DeviceFrames
+
+    host, dev = (DeviceDecoder(graphs.weights(), TINY.blank_id, max_symbols=3) for _ in range(2))
+    rounds = [[3 * _frames(n, 200 + 10 * r + i) for i, n in enumerate((6, 0, 8, 3))] for r in range(3)]
+    skips, keeps = [1, 0, 3, 0], [5, 0, 2, 3]
+    slots_h, slots_d = host.alloc_many(4), dev.alloc_many(4)
+    emitted = 0
+    for r, chunks in enumerate(rounds):
+        # the step's table: the chunks in an order of their own, a row of zeros after them
+        order = [2, 0, 3, 1]
+        table = np.concatenate([chunks[i] for i in order] + [np.zeros((1, TINY.decoder_hidden), np.float32)])
+        starts = np.cumsum([0] + [len(chunks[i]) for i in order])
+        rows = [np.zeros(0, np.int32)] * 4
+        for k, i in enumerate(order):
+            rows[i] = np.arange(starts[k], starts[k + 1], dtype=np.int32)
+        step = DeviceFrames(mx.array(table), rows)
+        s = skips if r else [0] * 4
+        commit = [max(0, k - x) for k, x in zip(keeps, s, strict=True)] if r == 1 else None
+        first = [10 * r + x for x in s]
+        want = host.decode(
+            slots_h, [c[x:] for c, x in zip(chunks, s, strict=True)], first, commit_frames=commit
+        )
+        got = dev.decode(slots_d, step.select(list(enumerate(s))), first, commit_frames=commit)
+        assert got == want  # Emission: token, frame and probability, exactly
+        emitted += sum(len(e) for e in want)
+    assert emitted > 10  # the frames are loud enough to emit
