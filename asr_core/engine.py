@@ -65,7 +65,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -84,9 +84,6 @@ from asr_core.model import (
 )
 from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepPlan, StreamLeft, StreamPhase
 from asr_core.transcript import Token, TranscriptAssembler
-
-if TYPE_CHECKING:
-    from asr_core.device_frames import DeviceFrames
 
 logger = logging.getLogger(__name__)
 
@@ -135,8 +132,6 @@ class _StepOutput:
     joined: list[int]
     chunks: list[EncodedChunk[ChunkPayload]] = field(default_factory=list)
     owners: list[int] = field(default_factory=list)
-    # The step's frames left on the device, where the device decoder decodes on the MLX thread itself.
-    on_device: DeviceFrames | None = None
 
 
 _STOP = object()
@@ -429,10 +424,6 @@ class AsrEngine:
     def _encoder_loop(self) -> None:
         try:
             self._encoder = self.model.create_encoder()
-            decoder = self.config.decoder
-            keep = getattr(self._encoder, "keep_frames_on_device", None)
-            if keep is not None and decoder.mode == "device" and not decoder.device_thread:
-                keep()  # for the device decoder on this thread; before the warm-up, which builds it too
             with self._lock:  # the rows a flush runs as, so that a step stays within max_batch rows
                 self._sched.flush_rows = int(getattr(self._encoder, "rows_per_flush", 1))
             # On a GPU the step is mx.compile'd per batch bucket: trace them all now (seconds) so
@@ -453,7 +444,7 @@ class AsrEngine:
                     self._start_device_thread().wait()
                     if self._device_failure is not None:
                         raise self._device_failure
-                else:  # on this thread, decoding after each step (`_hand_on`) from its frames there
+                else:  # on this thread, decoding after each step (`_hand_on`)
                     self._build_device_decoder()
         except BaseException as e:
             logger.critical("ASR encoder could not be built", exc_info=e)
@@ -521,7 +512,7 @@ class AsrEngine:
         if t0 >= self._report.due:
             self._report.log(t0, encoder, self._device, self._decode_s)
         if chunks:
-            self._hand_on(_StepOutput([], [], chunks, owners, getattr(encoder, "device_frames", None)))
+            self._hand_on(_StepOutput([], [], chunks, owners))
 
     def _hand_on(self, out: _StepOutput) -> None:
         """A step's output to the decoding side: the device decoder's thread (in order, waiting while
@@ -557,7 +548,7 @@ class AsrEngine:
             return
         items: list[Any] = list(out.chunks)
         if device is not None:
-            items = self._decode_on_device(device, out.chunks, out.on_device)
+            items = self._decode_on_device(device, out.chunks)
         by_worker: dict[int, list[Any]] = {}
         for w, item in zip(out.owners, items, strict=True):
             by_worker.setdefault(w, []).append(item)
@@ -617,28 +608,19 @@ class AsrEngine:
         thread.join()
 
     def _decode_on_device(
-        self,
-        device: DeviceDecoderBackend,
-        chunks: list[EncodedChunk[ChunkPayload]],
-        on_device: DeviceFrames | None,
+        self, device: DeviceDecoderBackend, chunks: list[EncodedChunk[ChunkPayload]]
     ) -> list[_Decoded]:
         """Decode a step's chunks on the device (the reconciliation rule of the module docstring
         applied here, where the stream's committed decoder state lives): each from its first frame
         not decoded yet, its state committed after its last frame due, and a flush on through its
-        padding from that state in the same pass. The frames come from `on_device` where the step
-        left them there, else from the host's copy."""
+        padding from that state in the same pass."""
         t0 = time.perf_counter()
         skips = [min(_frames_due(c), max(0, self._device_next[c.key] - c.first_frame)) for c in chunks]
-        frames: Sequence[np.ndarray] | DeviceFrames = (
-            [c.frames[k:] for c, k in zip(chunks, skips, strict=True)]  # a chunk's frames are all due
-            if on_device is None
-            else on_device.select([(c.row, k) for c, k in zip(chunks, skips, strict=True)])
-        )
         # One pass: each chunk's due frames, committed, then a flush's padding from that state, kept
         # nowhere (the device decoder's commit point).
         emitted = device.decode(
             [self._device_slots[c.key] for c in chunks],
-            frames,
+            [c.frames[k:] for c, k in zip(chunks, skips, strict=True)],  # a chunk's frames are all due
             [c.first_frame + k for c, k in zip(chunks, skips, strict=True)],
             commit_frames=[_frames_due(c) - k for c, k in zip(chunks, skips, strict=True)],
         )

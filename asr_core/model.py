@@ -11,15 +11,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from asr_core.frontend import FeaturesAndChunker, FrontEnd, FrontEndSpec, flush_extra_chunks
 from asr_core.transcript import TextDecoder, Token
-
-if TYPE_CHECKING:
-    from asr_core.device_frames import DeviceFrames
 
 logger = logging.getLogger(__name__)
 
@@ -79,14 +76,13 @@ class DeviceDecoderBackend(Protocol):
     def decode(
         self,
         slots: Sequence[int],
-        frames: Sequence[np.ndarray] | DeviceFrames,
+        frames: Sequence[np.ndarray],
         first_frames: Sequence[int],
         *,
         commit_frames: Sequence[int] | None = None,
     ) -> list[list[Token]]:
         """Each slot's chunk decoded and its state committed after its first `commit_frames[i]` frames
-        (default: all); the rest of the chunk is decoded on from there but not kept (a flush's padding).
-        `frames`: host arrays, or the encoder's step left on the device (same thread)."""
+        (default: all); the rest of the chunk is decoded on from there but not kept (a flush's padding)."""
         ...
 
 
@@ -326,17 +322,6 @@ class _EncoderAdapter:
             self._encoder.step([self._row(slot, mel, last, flush) for slot, mel, last, flush in rows])
         )
 
-    def keep_frames_on_device(self) -> None:
-        """From now on each step also leaves its frames on the device (`device_frames`), for a device
-        decoder on this thread."""
-        self._encoder.keep_device_frames = True
-
-    @property
-    def device_frames(self) -> DeviceFrames | None:
-        """The last step's frames on the device (None unless kept)."""
-        frames: DeviceFrames | None = self._encoder.device_frames
-        return frames
-
     @property
     def rows_per_flush(self) -> int:
         return int(self._encoder.rows_per_flush)
@@ -447,7 +432,7 @@ class _DeviceDecoderAdapter:
     def decode(
         self,
         slots: Sequence[int],
-        frames: Sequence[np.ndarray] | DeviceFrames,
+        frames: Sequence[np.ndarray],
         first_frames: Sequence[int],
         *,
         commit_frames: Sequence[int] | None = None,

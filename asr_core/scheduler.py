@@ -122,7 +122,6 @@ class EncodedChunk(Generic[P]):
     is_last: bool
     payload: P
     queue_wait_s: float
-    row: int  # its row's place in the step's plan, and so in the step's outputs
     flush: bool = False
 
 
@@ -386,7 +385,7 @@ class EncoderScheduler(Generic[P]):
         if len(frames) != len(plan.rows):
             raise ValueError(f"step {plan.step_id}: {len(frames)} outputs for {len(plan.rows)} rows")
         out: list[EncodedChunk[P]] = []
-        for i, (row, f) in enumerate(zip(plan.rows, frames, strict=True)):
+        for row, f in zip(plan.rows, frames, strict=True):
             s = self._streams.get(row.key)
             q = None if s is None else s.in_flight
             if s is None or q is None or (q.seq, q.flush) != (row.seq, row.flush):
@@ -406,7 +405,6 @@ class EncoderScheduler(Generic[P]):
                         payload=row.payload,
                         queue_wait_s=row.queue_wait_s,
                         flush=row.flush,
-                        row=i,
                     )
                 )
             self._maybe_leave(s, now)

@@ -34,7 +34,6 @@ from asr_core import hostcopy
 from asr_core.decoder.greedy import Emission
 from asr_core.decoder.mlx_rnnt import MlxRnnt
 from asr_core.decoder.numpy_rnnt import RnntWeights
-from asr_core.device_frames import DeviceFrames
 
 
 def _time_bucket(t: int) -> int:
@@ -143,10 +142,6 @@ class DeviceDecoder:
                 for size in frame_sizes:
                     silence = [np.zeros((size, self.width), np.float32)] * rows
                     self.decode(slots[:rows], silence)
-            # Frames an encoder step left on the device: their gather is outside the compiled
-            # iteration, its kernels the same for every shape.
-            table = mx.zeros((frame_sizes[0] + 1, self.width), dtype=mx.float32)
-            self.decode(slots[:1], DeviceFrames(table, [np.arange(frame_sizes[0], dtype=np.int32)]))
         finally:
             for slot in slots:
                 self.release(slot)
@@ -165,13 +160,12 @@ class DeviceDecoder:
     def decode(
         self,
         slots: Sequence[int],
-        frames: Sequence[np.ndarray] | DeviceFrames,
+        frames: Sequence[np.ndarray],
         first_frames: Sequence[int] | None = None,
         *,
         commit_frames: Sequence[int] | None = None,
     ) -> list[list[Emission]]:
-        """Decode each slot's chunk of joiner frames (T_i, J): host arrays, or an encoder step's frames
-        left on this device (`DeviceFrames`, gathered there). An emission's frame is the chunk's
+        """Decode each slot's chunk of joiner frames (T_i, J). An emission's frame is the chunk's
         `first_frames[i]` plus its offset in the chunk (the stream's media timeline, which skips
         dropped chunks); without `first_frames`, the slot's own count of frames decoded (as
         `GreedyDecoder`). `commit_frames[i]` (default: all T_i) keeps the state row i had after its
@@ -179,8 +173,7 @@ class DeviceDecoder:
         a second call from the kept state with `commit_frames` 0 would (a flush: its real frames, then
         its padding, in one pass); 0 keeps the state as it was (a trial decode)."""
         n = len(slots)
-        row_frames = frames.rows if isinstance(frames, DeviceFrames) else frames
-        if n != len(row_frames):
+        if n != len(frames):
             raise ValueError("one frames array per slot")
         if len(set(slots)) != n:
             raise ValueError("a slot appears twice in one decode")
@@ -188,28 +181,17 @@ class DeviceDecoder:
             if s not in self._frames:
                 raise ValueError(f"decoder slot {s} is not allocated")
         out: list[list[Emission]] = [[] for _ in range(n)]
-        lengths = np.array([f.shape[0] for f in row_frames], np.int32)
+        lengths = np.array([f.shape[0] for f in frames], np.int32)
         keep = lengths if commit_frames is None else np.minimum(np.asarray(commit_frames, np.int32), lengths)
         t_max = int(lengths.max()) if n else 0
         if t_max == 0:
             return out
         # Rows padded to a few sizes so the compiled iteration is traced for few shapes; a padding
         # row has no frames (never active) and reads slot 0's state, which it never writes.
-        bp, tb = _bucket(n), _time_bucket(t_max)
-        if isinstance(frames, DeviceFrames):
-            # The table's rows of each chunk's frames (float32, as the host's), padding from its zero
-            # row: one small upload and one gather.
-            pick = np.full((bp, tb), frames.zero_row, np.int32)
-            for i, r in enumerate(frames.rows):
-                pick[i, : r.shape[0]] = r
-            feats = frames.table[mx.array(pick)]
-            if feats.dtype != self.dtype:
-                feats = feats.astype(self.dtype)
-        else:
-            padded = np.zeros((bp, tb, self.width), np.float32)
-            for i, f in enumerate(frames):
-                hostcopy.put(padded[i, : f.shape[0]], f)  # keeps the interpreter lock (hostcopy)
-            feats = mx.array(padded, dtype=self.dtype)
+        bp = _bucket(n)
+        padded = np.zeros((bp, _time_bucket(t_max), self.width), np.float32)
+        for i, f in enumerate(frames):
+            hostcopy.put(padded[i, : f.shape[0]], f)  # keeps the interpreter lock (hostcopy)
         slot_rows = np.zeros(bp, np.int32)
         slot_rows[:n] = slots
         len_rows = np.zeros(bp, np.int32)
@@ -217,6 +199,7 @@ class DeviceDecoder:
         keep_rows = np.zeros(bp, np.int32)
         keep_rows[:n] = keep
         idx = mx.array(slot_rows)
+        feats = mx.array(padded, dtype=self.dtype)
         lens, kept_len = mx.array(len_rows), mx.array(keep_rows)
         g, h, c = self._g[idx], self._h[:, idx], self._c[:, idx]
         # Each row's state after its first `keep` frames: its start state until it gets there.

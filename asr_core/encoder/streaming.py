@@ -52,7 +52,6 @@ import numpy as np
 
 from asr_core import hostcopy
 from asr_core.bundle import PRECISIONS, EncoderConfig
-from asr_core.device_frames import DeviceFrames
 from asr_core.encoder.geometry import chunk_frames, encoder_frames, first_chunk_frames
 from asr_core.encoder.layers import (
     EncoderParams,
@@ -169,11 +168,6 @@ class StreamingEncoder:
         # interpreter lock), "eval" (the one `mx.eval`: the kernels' launch and run, the lock released),
         # "copy" (frames to the host).
         self.seconds = dict.fromkeys(("plan", "graph", "eval", "copy"), 0.0)
-        # Set by an owner whose decoder runs on this device and thread: each step then also leaves its
-        # frames there (`device_frames`: one table, evaluated with the step), so that the decoder
-        # gathers them instead of sending the host's copy back.
-        self.keep_device_frames = False
-        self.device_frames: DeviceFrames | None = None
         self._sizes: dict[tuple[int, bool], int] = {}  # (lookahead, first) -> mel frames
         self._frames: dict[tuple[int, bool, bool], int] = {}  # (mel frames, first, last) -> T
         D, L, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.conv_kernel_size
@@ -291,7 +285,6 @@ class StreamingEncoder:
         the step's lazy graph (what one `mx.eval` runs) in DOT format, for counting kernels.
         """
         t0 = time.perf_counter()
-        self.device_frames = None  # the last step's table goes with it
         planned = self._chain_flushes(self._plan(rows))
         self._flush_pending()
         self.calls["step"] += 1
@@ -407,18 +400,15 @@ class StreamingEncoder:
                 self._pending.append((G, meta[5], conv_new.view(self._word)))
             results.append((group, frames))
 
-        table = self._frames_table(results) if self.keep_device_frames else None
         if dot_path is not None:
             mx.export_to_dot(dot_path, *[f for _, f in results], *self._pools)
         t1 = time.perf_counter()
-        mx.eval([f for _, f in results], self._pools, [] if table is None else table)
+        mx.eval([f for _, f in results], self._pools)
         t2 = time.perf_counter()
         for group, frames in results:
             host = np.array(frames)
             for k, r in enumerate(group):
                 pieces[r.index].append(host[k, : r.T])
-        if table is not None:
-            self.device_frames = _device_frames(table, results, len(rows))
         t3 = time.perf_counter()
         for phase, dt in (("plan", tp - t0), ("graph", t1 - tp), ("eval", t2 - t1), ("copy", t3 - t2)):
             self.seconds[phase] += dt
@@ -430,12 +420,6 @@ class StreamingEncoder:
             r.stream.finished = r.last
         empty = np.zeros((0, J), np.float32)
         return [(p[0] if len(p) == 1 else np.concatenate(p)) if p else empty for p in pieces]
-
-    def _frames_table(self, results: list[tuple[list[_Row], mx.array]]) -> mx.array:
-        """Every call's frames as the rows of one table, and a row of zeros after them."""
-        J = self.cfg.output_size
-        parts = [f.reshape(-1, J) for _, f in results]
-        return mx.concatenate([*parts, mx.zeros((1, J), dtype=parts[0].dtype if parts else mx.float32)])
 
     def _sub_key(self, r: _Row) -> tuple[int, bool, bool]:
         """The subsampling call a row runs in: (mel rows, first, last). A later chunk that ends its
@@ -912,20 +896,6 @@ def _take_rows(pool: mx.array, idx: mx.array) -> mx.array:
     L, N = pool.shape[0], pool.shape[1]
     rows = idx[None] + (mx.arange(L, dtype=idx.dtype) * N).reshape((L,) + (1,) * idx.ndim)
     return mx.take(pool.reshape(L * N, *pool.shape[2:]), rows, axis=0)
-
-
-def _device_frames(table: mx.array, results: list[tuple[list[_Row], mx.array]], n: int) -> DeviceFrames:
-    """Which rows of `_frames_table`'s table hold each of the step's n input rows' frames: a row's
-    pieces in the order `step` joins its host frames."""
-    pieces: list[list[np.ndarray]] = [[] for _ in range(n)]
-    base = 0
-    for group, frames in results:
-        T = int(frames.shape[1])
-        for k, r in enumerate(group):
-            pieces[r.index].append(np.arange(base + k * T, base + k * T + r.T, dtype=np.int32))
-        base += len(group) * T
-    empty = np.zeros(0, np.int32)
-    return DeviceFrames(table, [(p[0] if len(p) == 1 else np.concatenate(p)) if p else empty for p in pieces])
 
 
 def _group(

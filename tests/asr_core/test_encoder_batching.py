@@ -393,38 +393,6 @@ def test_a_step_sends_its_host_made_inputs_as_one_array(
         np.testing.assert_allclose(np.concatenate(out), solo(reference, mel, 3, 0), atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_a_step_asked_to_keep_its_frames_on_the_device_says_where_each_rows_frames_are(
-    bundle: Bundle, compiled: bool
-) -> None:
-    """For a device decoder on the same thread: the step's frames stay on the device in one table whose
-    rows `device_frames.rows[i]` are exactly row i's host frames (later and short last chunks and a
-    flush split into two rows, in one step), its last row zeros; a step not asked keeps none."""
-    rng = np.random.default_rng(8)
-    mels = [rng.standard_normal((n, 128), dtype=np.float32) for n in (89, 70, 57)]
-    enc = make(bundle, compile=compiled)
-    slots = [enc.alloc(0, 3) for _ in mels]
-    chunks = [split(m, 3) for m in mels]
-    flusher = enc.alloc(0, 3)
-    enc.step([ChunkInput(flusher, mels[0][:25])])
-    assert enc.device_frames is None
-    enc.keep_device_frames = True
-    # a flush of two later chunks: two rows of the step's regular call, one row's frames
-    extra = [ChunkInput(flusher, mels[0][25:89], flush=True), None, None]
-    for k in range(3):
-        rows = [ChunkInput(slots[i], *chunks[i][k]) for i in range(len(mels)) if k < len(chunks[i])]
-        rows += [x for x in extra[k : k + 1] if x]
-        got = enc.step(rows)
-        kept = enc.device_frames
-        assert kept is not None and len(kept.rows) == len(rows)
-        table = np.array(kept.table)
-        assert not table[kept.zero_row].any()
-        for frames, where in zip(got, kept.rows, strict=True):
-            assert where.dtype == np.int32
-            np.testing.assert_array_equal(table[where], frames)
-        assert sum(len(w) for w in kept.rows) == sum(len(f) for f in got) > 0
-
-
 def test_on_a_gpu_the_pools_stop_growing_below_2_to_the_31_elements() -> None:
     """Some MLX GPU kernels index with 32 bits: at full size one K|V pool array for every layer passes
     2**31 elements at 781 slots (none on the CPU); more streams take the layers in groups, an array
