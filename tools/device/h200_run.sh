@@ -34,6 +34,8 @@ lscpu | grep -E "^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(
 nvidia-smi --query-gpu=pstate,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active --format=csv
 python3 -m tools.device.machine_probe
 [ "$phase" = probe ] && exit 0
+# py-spy for the profiles: the image's, or the kit's wheel (device_env.sh installs it under /tmp/site).
+spy=$(command -v py-spy || echo /tmp/site/bin/py-spy)
 # A warm machine keeps /tmp: a bundle an earlier call finished is used again (the same seed and code).
 make_bundle() {
   [ -e /tmp/full.done ] && return 0
@@ -102,7 +104,6 @@ gateway)
       until grep -q "gateway ready" "$OUT/run.log" 2>/dev/null; do sleep 1; done
       sleep "$PROFILE_AT_S"
       pid=$(pgrep -f "asr_core.host" | head -1)
-      spy=$(command -v py-spy || echo /tmp/site/bin/py-spy)
       if [ -n "$pid" ] && [ -x "$spy" ]; then
         stamp "profiling the engine process $pid"
         # NATIVE=1: C/C++ frames too (MLX, CUDA), to tell its own work from waits for the lock.
@@ -289,9 +290,9 @@ profile)
     top -H -b -n 3 -d 3 -p "$pid" > "$OUT/threads.txt"
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv -l 1 > "$OUT/smi.csv" 2>&1 &
     smi=$!
-    if command -v py-spy >/dev/null; then
-      py-spy record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/all.raw" --threads --idle > /dev/null 2>&1
-      py-spy record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/gil.raw" --threads --gil > /dev/null 2>&1
+    if [ -x "$spy" ]; then
+      "$spy" record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/all.raw" --threads --idle > /dev/null 2>&1
+      "$spy" record -p "$pid" -d 8 -r 100 -f raw -o "$OUT/gil.raw" --threads --gil > /dev/null 2>&1
     else
       echo "py-spy not on this machine"
     fi
