@@ -4,8 +4,12 @@
 #
 #   tools/device/stage_kit.sh DEST [MLX_STAGE_SCRIPT]
 #
-#   DEST/repo/            this checkout's tracked files (git archive of HEAD), without the embedded
-#                         demo model (the run generates its full-size bundle there)
+#   DEST/repo/            this checkout's tracked files (git archive of HEAD) but what does not run there:
+#                         the embedded demo model (the run generates its full-size bundle), tests, docs, ops
+#   DEST/repo/.before/    with BEFORE=COMMIT: that commit's asr_core/ and gateway/, so that one device call
+#                         compares two codes on one machine (lent machines differ by more than most
+#                         changes: docs/benchmarks.md), through the same tools and kit:
+#                           cd .before && ln -sfn ../.whl ../.kit ../tools . && bash tools/device/h200_run.sh ...
 #   DEST/repo/.whl/       MLX + its trimmed CUDA backend (MLX_STAGE_SCRIPT, default
 #                         ../shared/tools/stage_mlx_cuda.sh) and, in extra/, cp312 manylinux wheels of
 #                         the gateway's dependencies the image lacks (device_env.sh installs them)
@@ -30,7 +34,13 @@ rm -rf "$dest/repo"
 mkdir -p "$dest/repo"
 
 # 1. The code.
-(cd "$root" && git archive HEAD -- . ':(exclude)asr_core/demo_model') | tar -x -C "$dest/repo"
+(cd "$root" && git archive HEAD -- . ':(exclude)asr_core/demo_model' ':(exclude)tests' ':(exclude)docs' \
+  ':(exclude)ops') | tar -x -C "$dest/repo"
+if [ -n "${BEFORE:-}" ]; then
+  mkdir -p "$dest/repo/.before"
+  (cd "$root" && git archive "$BEFORE" -- asr_core gateway ':(exclude)asr_core/demo_model') \
+    | tar -x -C "$dest/repo/.before"
+fi
 
 # 2. MLX with CUDA. The shared stage script writes .whl/ into the git checkout it runs in (and edits its
 #    .git/info/exclude): run it in a scratch repository and take its .whl/.
