@@ -211,10 +211,12 @@ class DeviceDecoder:
         budget = t_max * self.max_symbols + 1  # every row is done after this many iterations
         want, extra, queued = min(budget, self._expect), 2, 0
         real = idx[:n]
+        # The frames' and rows' positions, made once for all the iterations (not a kernel in each).
+        frame, row = mx.arange(feats.shape[1], dtype=mx.int32)[None], mx.arange(bp, dtype=mx.int32)
         while True:
             for _ in range(want - queued):
                 k, p, emit, u, t, sym, g, h, c, *kept = self._step(
-                    feats, lens, kept_len, t, sym, g, h, c, *kept
+                    feats, frame, row, lens, kept_len, t, sym, g, h, c, *kept
                 )
                 for q, x in zip(queue, (k, p, emit, u), strict=True):
                     q.append(x)
@@ -252,6 +254,8 @@ class DeviceDecoder:
     def _iteration(
         self,
         feats: mx.array,
+        frame: mx.array,
+        row: mx.array,
         lens: mx.array,
         kept_len: mx.array,
         t: mx.array,
@@ -263,16 +267,16 @@ class DeviceDecoder:
         h_kept: mx.array,
         c_kept: mx.array,
     ) -> tuple[mx.array, ...]:
-        """One emission (or none) per row: the first frame from t on whose token is not blank."""
-        bp, tb = feats.shape[0], feats.shape[1]
+        """One emission (or none) per row: the first frame from t on whose token is not blank.
+        `frame` (1, T) and `row` (B,): the frames' and the rows' indices."""
+        tb = feats.shape[1]
         logits = self.net.joint(feats, g[:, None])  # (B, T, V): every frame judged by the row's g
-        frame = mx.arange(tb, dtype=mx.int32)[None]
         judged = (frame >= t[:, None]) & (frame < lens[:, None])
         nonblank = judged & (mx.argmax(logits, axis=2) != self.blank_id)
         u = mx.min(mx.where(nonblank, frame, tb), axis=1).astype(mx.int32)  # tb: no token left
         emit = u < lens
         at = mx.minimum(u, tb - 1)
-        chosen = logits[mx.arange(bp), at].astype(mx.float32)  # (B, V): the logits at frame u
+        chosen = logits[row, at].astype(mx.float32)  # (B, V): the logits at frame u
         k = mx.argmax(chosen, axis=1).astype(mx.int32)
         p = mx.exp(mx.max(chosen, axis=1) - mx.logsumexp(chosen, axis=1))  # the winner's probability
         # A row that passes its commit point over blank frames keeps the state it had before emitting.

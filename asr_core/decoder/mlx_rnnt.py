@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from asr_core.decoder.numpy_rnnt import RnntWeights
+from asr_core.views import at
 
 F32 = NDArray[np.float32]
 
@@ -45,9 +46,9 @@ class MlxRnnt:
         x = self._emb[tokens]
         hs, cs = [], []
         for i, (w_ih, w_hh, b) in enumerate(self._lstm):
-            gates = x @ w_ih + h[i] @ w_hh + b
+            gates = x @ w_ih + at(h, i) @ w_hh + b  # each layer's state as a view, not a gather
             gi, gf, gg, go = mx.split(gates, 4, axis=1)
-            c_new = mx.sigmoid(gf) * c[i] + mx.sigmoid(gi) * mx.tanh(gg)
+            c_new = mx.sigmoid(gf) * at(c, i) + mx.sigmoid(gi) * mx.tanh(gg)
             x = mx.sigmoid(go) * mx.tanh(c_new)
             hs.append(x)
             cs.append(c_new)

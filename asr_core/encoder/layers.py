@@ -22,6 +22,7 @@ import numpy as np
 from asr_core.bundle import EncoderConfig
 from asr_core.encoder import expmath
 from asr_core.quant import Linear, QuantizedLinear, addmm, concat_rows, linear
+from asr_core.views import at
 
 
 @dataclass(frozen=True)
@@ -439,13 +440,13 @@ def _attention(
         if parent is not None:
             blocks.insert(0, (mx.take(kv_new, parent, axis=2), rel[..., Lc - T : Lc]))
         blocks.insert(0, (kv_cache, rel[..., :Lc]))
-    scores = mx.concatenate([q_u @ _at(kv, 0).swapaxes(-1, -2) + r for kv, r in blocks], axis=-1) + mask
+    scores = mx.concatenate([q_u @ at(kv, 0).swapaxes(-1, -2) + r for kv, r in blocks], axis=-1) + mask
     p = expmath.softmax(scores, array_exp)
     o, start = None, 0
     for kv, _ in blocks:
         n = kv.shape[3]
         weights = p[..., start : start + n]
-        o = weights @ _at(kv, 1) if o is None else mx.addmm(o, weights, _at(kv, 1))
+        o = weights @ at(kv, 1) if o is None else mx.addmm(o, weights, at(kv, 1))
         start += n
     assert o is not None
     return o.transpose(1, 2, 0, 3).reshape(B * T, D), kv_new
@@ -563,13 +564,13 @@ def encoder_stack(
     mask = streaming_mask(valid, cfg.left_context_frames, T, x.dtype, seen, follows)
     layer_chain = (chain[0], chain[2]) if chain is not None else None
     shift = p.t_max - 1  # d_max - Lc: query Lc + i and key j are Lc + i - j apart
-    kv_layers = [_at(group, j) for group in kv_cache for j in range(group.shape[0])]
+    kv_layers = [at(group, j) for group in kv_cache for j in range(group.shape[0])]
     kv_out, conv_out = [], []
     for n, lp in enumerate(p.layers):
         x, kv_new, conv_new = conformer_layer(
             x,
             kv_layers[n],
-            _at(conv_cache, n),
+            at(conv_cache, n),
             mask,
             lp.pos_rev,
             shift,
@@ -603,12 +604,6 @@ def _continued(cache: mx.array, new: mx.array, ctx: mx.array) -> mx.array:
     B, C, W = cache.shape
     context = mx.concatenate([cache, new], axis=1).reshape(-1, W)
     return mx.take(context, ctx.reshape(-1), axis=0).reshape(B, C, W)
-
-
-def _at(stacked: mx.array, n: int) -> mx.array:
-    """`stacked[n]` as a view: MLX indexes with an integer through a gather, i.e. a copy kernel of the
-    whole plane (a layer's cache, the K or V half of one)."""
-    return mx.squeeze(stacked[n : n + 1], 0)
 
 
 def offline_forward(p: EncoderParams, mel: mx.array, lookahead: int, prompt_id: int) -> mx.array:

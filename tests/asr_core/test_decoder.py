@@ -581,3 +581,36 @@ def test_slots_allocated_together_start_primed_like_one_at_a_time(graphs: RnntGr
     assert want  # the probe emits
     for slot in many:
         assert [(e.token, e.frame) for e in device.decode([slot], [probe], [0])[0]] == want
+
+
+def test_a_device_decoder_iteration_gathers_only_the_tokens_embeddings_and_the_winning_logits(
+    graphs: RnntGraphs, tmp_path: Path
+) -> None:
+    """An iteration's kernels are paid once per token a step emits: its graph gathers only the tokens'
+    embeddings and the logits at each row's winning frame (each LSTM layer's state is read as a view,
+    not gathered whole), and makes no index arrays of its own (the frames' and rows' positions come in,
+    made once a decode)."""
+    import mlx.core as mx
+
+    from asr_core.decoder.device import DeviceDecoder
+    from tools.bench.gpu_encoder import graph_launches
+
+    device = DeviceDecoder(graphs.weights(), TINY.blank_id, max_symbols=3)
+    B, T = 4, 8
+    state = (mx.zeros((B, device.width)), *[mx.zeros((device.layers, B, device.hidden))] * 2)
+    inputs = [
+        mx.array(3 * np.stack([_frames(T, 120 + i) for i in range(B)])),
+        mx.arange(T, dtype=mx.int32)[None],
+        mx.arange(B, dtype=mx.int32),
+        mx.full((B,), T, mx.int32),
+        mx.full((B,), T, mx.int32),
+        mx.zeros((B,), mx.int32),
+        mx.zeros((B,), mx.int32),
+        *state,
+        *state,
+    ]
+    mx.eval(inputs)
+    outputs = device._step(*inputs)
+    mx.export_to_dot(str(tmp_path / "iteration.dot"), *outputs)
+    kernels = graph_launches((tmp_path / "iteration.dot").read_text())["by_primitive"]
+    assert kernels.get("Gather") == 2 and "Arange" not in kernels, kernels
