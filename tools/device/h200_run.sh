@@ -7,6 +7,7 @@
 #   bash tools/device/h200_run.sh profile 1000   # engine process at N calls: per-thread CPU, py-spy
 #   bash tools/device/h200_run.sh encoder   # the encoder step alone: wall time per B, B=512 under ncu
 #   bash tools/device/h200_run.sh dispatch  # the step's wall time per B under MLX's CUDA-graph settings
+#   bash tools/device/h200_run.sh decoder   # the device decoder alone under MLX's CUDA-graph settings
 #   bash tools/device/h200_run.sh parity    # each kit clip alone and as a row of 512: tokens, frames, decoder
 #   bash tools/device/h200_run.sh share     # engine processes side by side, no SIP/RTP: what sharing costs
 #   bash tools/device/h200_run.sh probe     # only the machine's fingerprint every phase starts with
@@ -15,7 +16,7 @@
 # into /tmp/full (random weights, calibrated as `ttg make-bundle` does). Results go to $OUT (at most 8
 # files come back): the JSON/markdown summaries, the daemon's log, this script's log.
 set -uo pipefail
-phase=${1:?usage: h200_run.sh engine|gateway|profile|encoder|dispatch|parity|share|probe [levels]}
+phase=${1:?usage: h200_run.sh engine|gateway|profile|encoder|dispatch|decoder|parity|share|probe [levels]}
 levels=${2:-500,1000,2000}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -60,13 +61,13 @@ kernels=
 if [ "$phase" = parity ] && [ ! -e /tmp/full.done ]; then
   warm_kernels &
   kernels=$!
-elif [ "$phase" != encoder ] && [ "$phase" != dispatch ] && [ ! -e /tmp/full.done ]; then
+elif [ "$phase" != encoder ] && [ "$phase" != dispatch ] && [ "$phase" != decoder ] && [ ! -e /tmp/full.done ]; then
   make_bundle &
   bundle=$!
   warm_kernels
   wait "$bundle" || exit 1
 fi
-if [ "$phase" != encoder ] && [ "$phase" != dispatch ]; then
+if [ "$phase" != encoder ] && [ "$phase" != dispatch ] && [ "$phase" != decoder ]; then
   make_bundle || exit 1
 fi
 case "$phase" in
@@ -226,6 +227,24 @@ dispatch)
     warm_kernels
     wait "$bundle"
   fi
+  ;;
+decoder)
+  # The device decoder alone (tools/device/decoder_graphs.py: full-size random weights, 4 frames a row, the
+  # rows of a decode alternating 128/256/448/192) under MLX's CUDA-graph settings, in f32 as the engine
+  # decodes and in bf16, and at one row count (a graph met again with the same shapes); MLX reads its
+  # settings once a process: a run each, "LABEL|VAR=V,VAR=V|ARGS" ("-": none). The first run compiles the
+  # kernels in its warm-up.
+  g200=MLX_MAX_OPS_PER_BUFFER=200,MLX_CUDA_GRAPH_CACHE_SIZE=4000
+  for variant in "MLX's defaults|-|" "200 nodes, cache 4000|$g200|" "no graphs|MLX_USE_CUDA_GRAPHS=0|" \
+      "200 nodes, cache 4000, bf16|$g200|--dtype bf16" "no graphs, bf16|MLX_USE_CUDA_GRAPHS=0|--dtype bf16" \
+      "200 nodes, cache 4000, 256 rows|$g200|--rows 256" "no graphs, 256 rows|MLX_USE_CUDA_GRAPHS=0|--rows 256"; do
+    IFS='|' read -r label setting extra <<< "$variant"
+    vars=()
+    [ "$setting" = - ] || IFS=, read -r -a vars <<< "$setting"
+    # shellcheck disable=SC2086  # extra: the run's own arguments
+    env "${vars[@]}" timeout 300 python3 -m tools.device.decoder_graphs --label "$label" $extra 2>&1 \
+      | tail -1 | tee -a "$OUT/decoder.txt"
+  done
   ;;
 parity)
   # Whether a stream says the same alone and as one row of a large batch on this GPU, and where a

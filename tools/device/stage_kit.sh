@@ -8,8 +8,8 @@
 #                         the embedded demo model (the run generates its full-size bundle), tests, docs, ops
 #   DEST/repo/.before/    with BEFORE=COMMIT: that commit's asr_core/ and gateway/, so that one device call
 #                         compares two codes on one machine (lent machines differ by more than most
-#                         changes: docs/benchmarks.md), through the same tools and kit:
-#                           cd .before && ln -sfn ../.whl ../.kit ../tools . && bash tools/device/h200_run.sh ...
+#                         changes: docs/benchmarks.md), through the same tools and kit
+#                         (tools/device/ab.sh runs a phase with each code in turn)
 #   DEST/repo/.whl/       MLX + its trimmed CUDA backend (MLX_STAGE_SCRIPT, default
 #                         ../shared/tools/stage_mlx_cuda.sh) and, in extra/, cp312 manylinux wheels of
 #                         the gateway's dependencies the image lacks (device_env.sh installs them)
