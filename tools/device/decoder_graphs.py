@@ -8,9 +8,10 @@ MLX reads its CUDA graph settings (`MLX_USE_CUDA_GRAPHS`, `MLX_MAX_OPS_PER_BUFFE
     MLX_USE_CUDA_GRAPHS=0 python3 -m tools.device.decoder_graphs --label "no graphs"
     python3 -m tools.device.decoder_graphs --rows 256 --dtype bf16 --label "bf16, 256 rows"
 
-Random weights emit on most frames; `--blank-bias` raises the blank's logit so that a decode needs a
-handful of iterations, as the calibrated bundle's do in the gateway (at 2.5 and 4 frames a row, 11 a decode
-on full-size weights). Kernels compile in the untimed warm-up (minutes on a fresh machine).
+Random weights emit on most frames (a decode of 4 frames a row then runs its 41 iterations at most);
+`--blank-bias` raises the blank's logit so that emissions are sparse: at 2.5, 11 iterations a decode (the
+calibrated bundle's decodes take ~4 in the gateway). Kernels compile in the untimed warm-up (minutes on a
+fresh machine).
 """
 
 from __future__ import annotations
