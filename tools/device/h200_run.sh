@@ -57,17 +57,19 @@ warm_kernels() {
 # source), so the gateway's engines then find them instead of compiling for minutes after the bundle.
 # The parity phase runs no gateway: it starts once the bundle is made, the kernels compiling on beside it
 # for the next call (waited for at the end).
+# The phases on random weights of their own (encoder, dispatch, decoder) start without the bundle.
+case "$phase" in encoder|dispatch|decoder) uses_bundle=0 ;; *) uses_bundle=1 ;; esac
 kernels=
 if [ "$phase" = parity ] && [ ! -e /tmp/full.done ]; then
   warm_kernels &
   kernels=$!
-elif [ "$phase" != encoder ] && [ "$phase" != dispatch ] && [ "$phase" != decoder ] && [ ! -e /tmp/full.done ]; then
+elif [ "$uses_bundle" = 1 ] && [ ! -e /tmp/full.done ]; then
   make_bundle &
   bundle=$!
   warm_kernels
   wait "$bundle" || exit 1
 fi
-if [ "$phase" != encoder ] && [ "$phase" != dispatch ] && [ "$phase" != decoder ]; then
+if [ "$uses_bundle" = 1 ]; then
   make_bundle || exit 1
 fi
 case "$phase" in

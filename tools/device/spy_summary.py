@@ -98,9 +98,7 @@ def summarize(
     under: str | None = None,
     depth: int = 2,
     sites: Sequence[str] = (),
-    markers: dict[str, str] | None = None,
 ) -> Summary:
-    markers = MARKERS if markers is None else markers
     chosen = [s for s in samples if thread in s.thread]
     names = sorted({s.thread for s in chosen})
     leaves: Counter[str] = Counter()
@@ -121,14 +119,13 @@ def summarize(
             if python and _site(leaf).endswith(site):
                 native = s.frames[python[-1] + 1 :]
                 counter[""] += s.count
-                for label, marker in markers.items():
+                for label, marker in MARKERS.items():
                     if has_marker(native, marker):
                         counter[label] += s.count
     return Summary(", ".join(names), sum(s.count for s in chosen), leaves, calls, at)
 
 
-def render(summary: Summary, top: int = 15, markers: dict[str, str] | None = None) -> str:
-    markers = MARKERS if markers is None else markers
+def render(summary: Summary, top: int = 15) -> str:
     total = max(1, summary.total)
 
     def pct(n: int) -> str:
@@ -141,7 +138,7 @@ def render(summary: Summary, top: int = 15, markers: dict[str, str] | None = Non
     lines += ["| deepest Python frame | samples |", "| --- | --- |"]
     lines += [f"| {k} | {pct(v)} |" for k, v in summary.leaves.most_common(top)]
     if summary.sites:
-        labels = list(markers)
+        labels = list(MARKERS)
         lines += ["", "| at | samples | " + " | ".join(labels) + " |", "| --- " * (len(labels) + 2) + "|"]
         for site, counter in summary.sites.items():
             here = counter[""]
