@@ -5,7 +5,7 @@ Features, the cache-aware FastConformer encoder in MLX (batched across streams),
 decoding over the bundle's ONNX graphs, the tokenizer and transcript assembly live here.
 """
 
-from asr_core._blas import configure_cpu_blas
+from asr_core._process import configure_process
 from asr_core.api import (
     AsrEvent,
     StreamEnded,
@@ -24,5 +24,5 @@ __all__ = [
     "StreamOptions",
     "TranscriptEvent",
     "Word",
-    "configure_cpu_blas",
+    "configure_process",
 ]

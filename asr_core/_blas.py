@@ -1,8 +1,5 @@
-"""The BLAS set-up of a process that runs MLX on the CPU: an explicit call, never done on import.
-
-`configure_cpu_blas()` is called by the programs that need it (the `ttg` commands that run MLX, the
-engine process, the test session; a media worker with `mlx=False`) at their start, before anything
-imports mlx.core:
+"""The BLAS set-up of a process that runs MLX on the CPU, which `asr_core.configure_process()` makes
+(explicitly, never on import) before anything imports mlx.core:
 - it preloads Debian's OpenBLAS so that MLX's CPU backend uses it for matmuls. mlx[cpu] wheels resolve
   cblas_* symbols when mlx.core loads; a library loaded earlier with RTLD_GLOBAL wins, one loaded later
   is never used. Measured on the 2-core dev VM: fp32 1024x1024x4096 matmul 7.5 GFLOP/s (bundled BLAS)
@@ -44,7 +41,7 @@ def preload_openblas() -> str | None:
     if "mlx.core" in sys.modules:
         logger.warning(
             "mlx.core was imported before OpenBLAS could be preloaded: MLX's CPU matmuls use its bundled "
-            "BLAS (~30x slower); call asr_core.configure_cpu_blas() before anything imports mlx"
+            "BLAS (~30x slower); call asr_core.configure_process() before anything imports mlx"
         )
         return None
     for path in _CANDIDATES:
@@ -86,18 +83,6 @@ def openblas_threads(n: int) -> Iterator[None]:
     finally:
         if before is not None:
             set_openblas_threads(before)
-
-
-def configure_cpu_blas(*, torch: bool = False, mlx: bool = True) -> str | None:
-    """Preload OpenBLAS for MLX and limit numpy's BLAS threads; returns the OpenBLAS path or None.
-    `torch=True`: import torch first where it is installed (see above). `mlx=False`: a process that
-    runs the streams' front ends but no MLX (a media worker) gets numpy's limit only."""
-    if torch:
-        with contextlib.suppress(ImportError):
-            import torch as _torch  # noqa: F401
-    path = preload_openblas() if mlx else None
-    limit_numpy_blas_threads()
-    return path
 
 
 def _numpy_openblas() -> list[ctypes.CDLL]:

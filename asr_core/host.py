@@ -412,9 +412,9 @@ def _serve_control(control: socket.socket, host: EngineHost) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from asr_core import configure_cpu_blas
+    from asr_core import configure_process
 
-    configure_cpu_blas()  # this process runs MLX: its CPU BLAS is set up before the model loads mlx
+    configure_process()  # this process runs MLX: set up before the model loads mlx
     status = main()
     # A child process ends like multiprocessing's do: its work is done and reported, its streams and
     # device state released; os._exit skips the C++ static destructors of native libraries, which

@@ -23,8 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("tools.export", "convert an upstream checkpoint into the bundle format"),
     "eval": ("tools.eval", "word/character error rate of a model on a labelled set"),
 }
-# The commands that run MLX: their process gets MLX's CPU BLAS set up before the command's module
-# (which imports mlx) is loaded (asr_core.configure_cpu_blas).
+# The commands that run MLX: their process is set up for it (asr_core.configure_process: MLX's CPU BLAS,
+# its CUDA graphs) before the command's module (which imports mlx) is loaded.
 MLX_COMMANDS = frozenset({"serve", "transcribe", "bench", "make-bundle", "export", "eval"})
 # Of those, the ones that may run torch in the same process (the reference, a .nemo checkpoint).
 TORCH_COMMANDS = frozenset({"bench", "make-bundle", "export"})
@@ -47,9 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Find the subcommand first so only its module gets imported to add its arguments.
     name = next((a for a in argv if not a.startswith("-")), None)
     if name in MLX_COMMANDS:
-        from asr_core import configure_cpu_blas
+        from asr_core import configure_process
 
-        configure_cpu_blas(torch=name in TORCH_COMMANDS)
+        configure_process(torch=name in TORCH_COMMANDS)
     if name in COMMANDS:
         module = importlib.import_module(COMMANDS[name][0])
         sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

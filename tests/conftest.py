@@ -5,11 +5,11 @@ procs.py (helpers to start and stop processes by PID)."""
 
 from __future__ import annotations
 
-from asr_core import configure_cpu_blas
+from asr_core import configure_process
 
 # The test session runs MLX on the CPU (OpenBLAS under its matmuls, before any test module imports mlx)
 # and torch (the reference implementation).
-configure_cpu_blas(torch=True)
+configure_process(torch=True)
 
 pytest_plugins: list[str] = [
     "tests.fixtures.bundle",

@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from asr_core import configure_cpu_blas
+    from asr_core import configure_process
 
-    configure_cpu_blas(mlx=False)  # the front ends' small matmuls: numpy's BLAS on one thread; no MLX here
+    configure_process(mlx=False)  # the front ends' small matmuls: numpy's BLAS on one thread; no MLX here
     sys.exit(main())

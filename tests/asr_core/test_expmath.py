@@ -79,8 +79,8 @@ def test_softmax_agrees_with_mlx_and_gives_masked_scores_zero_weight() -> None:
 NO_LIVE_BUILDS = """
 import glob, sys
 import numpy as np
-from asr_core._blas import configure_cpu_blas
-configure_cpu_blas()
+from asr_core._process import configure_process
+configure_process()
 from asr_core.bundle import load_bundle
 from asr_core.encoder import ChunkInput, StreamingEncoder, chunk_frames, first_chunk_frames
 built = lambda: len(glob.glob(sys.argv[2] + "/**/*.so", recursive=True))
@@ -147,8 +147,8 @@ def test_used_by_default_only_where_mlx_can_fuse_them(monkeypatch: pytest.Monkey
 FALLBACK = """
 import logging, sys
 import numpy as np
-from asr_core._blas import configure_cpu_blas
-configure_cpu_blas()
+from asr_core._process import configure_process
+configure_process()
 from asr_core.bundle import load_bundle
 from asr_core.encoder import ChunkInput, StreamingEncoder, first_chunk_frames
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(message)s")

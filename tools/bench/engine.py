@@ -368,9 +368,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    from asr_core import configure_cpu_blas
+    from asr_core import configure_process
 
-    configure_cpu_blas()  # before main() loads the model (and mlx)
+    configure_process()  # before main() loads the model (and mlx)
     parser = argparse.ArgumentParser(prog="python -m tools.bench.engine", description=__doc__)
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

@@ -112,9 +112,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    from asr_core import configure_cpu_blas
+    from asr_core import configure_process
 
-    configure_cpu_blas(mlx=False)  # the front ends only, as in a media worker
+    configure_process(mlx=False)  # the front ends only, as in a media worker
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

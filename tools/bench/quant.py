@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from asr_core import configure_cpu_blas
+from asr_core import configure_process
 
 if __name__ == "__main__":  # run as a program on a CPU: OpenBLAS under MLX, before mlx.core loads
-    configure_cpu_blas()
+    configure_process()
 import mlx.core as mx
 
 from asr_core.bundle import load_bundle, on_gpu

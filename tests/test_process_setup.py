@@ -1,7 +1,9 @@
-"""Importing asr_core changes nothing in the process; `configure_cpu_blas()` is the explicit set-up that
-the programs running MLX make.
+"""Importing asr_core changes nothing in the process; `configure_process()` is the explicit set-up that
+the programs running MLX make: OpenBLAS under MLX's CPU matmuls, numpy's BLAS on one thread, MLX's CUDA
+graphs off unless the environment chose.
 
-Each check runs in a fresh interpreter, since the test session itself has been set up (conftest)."""
+Each check runs in a fresh interpreter, since the test session itself has been set up (conftest), with
+an environment of its own (`fresh_env`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from asr_core._process import MLX_DEFAULTS
 from tests.fixtures import peers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,13 +34,18 @@ print(json.dumps({"before": before, "after": blas(), "mlx_loaded": "mlx.core" in
 """
 
 
+def fresh_env(**extra: str) -> dict[str, str]:
+    """This environment without what the test session's own set-up put in it (and no TTG_ settings);
+    numpy's BLAS starts with two threads, whatever the machine."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTG_") and k not in MLX_DEFAULTS}
+    return {**env, "OPENBLAS_NUM_THREADS": "2", **extra}
+
+
 def blas_libraries(setup: str = "") -> tuple[dict[str, int], dict[str, int]]:
     """{library path: threads} before and after the imports."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TTG_")}
-    env["OPENBLAS_NUM_THREADS"] = "2"  # numpy's BLAS starts with two threads, whatever the machine
     res = subprocess.run(
         [sys.executable, "-c", PROBE.replace("SETUP", setup)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO, env=fresh_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
@@ -53,8 +61,8 @@ def test_importing_asr_core_loads_no_blas_library_and_sets_no_thread_count() -> 
 
 
 @peers.linux_only
-def test_configure_cpu_blas_preloads_openblas_and_runs_numpy_blas_on_one_thread() -> None:
-    before, after = blas_libraries("from asr_core import configure_cpu_blas; configure_cpu_blas()")
+def test_configure_process_preloads_openblas_and_runs_numpy_blas_on_one_thread() -> None:
+    before, after = blas_libraries("from asr_core import configure_process; configure_process()")
     [numpy_blas] = before
     added = [path for path in after if path not in before]
     assert after[numpy_blas] == 1
@@ -66,30 +74,33 @@ def test_configure_cpu_blas_preloads_openblas_and_runs_numpy_blas_on_one_thread(
 @peers.linux_only
 def test_the_ttg_commands_that_run_mlx_set_it_up_first_and_the_others_do_not() -> None:
     code = """
-import sys
+import json, os, sys
 from gateway import cli
 try:
     cli.main([sys.argv[1], "--help"])
 except SystemExit:
     pass
-print("openblas-pthread" in open("/proc/self/maps").read())
+openblas = "openblas-pthread" in open("/proc/self/maps").read()
+print(json.dumps([openblas, os.environ.get("MLX_USE_CUDA_GRAPHS")]))
 """
-    loaded = {}
+    found = {}
     for command in ("serve", "transcribe", "tail"):
         res = subprocess.run(
-            [sys.executable, "-c", code, command], cwd=REPO, capture_output=True, text=True, timeout=120
-        )
+            [sys.executable, "-c", code, command],
+            cwd=REPO, env=fresh_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
         assert res.returncode == 0, res.stderr
-        loaded[command] = res.stdout.splitlines()[-1]
-    assert loaded == {"serve": "True", "transcribe": "True", "tail": "False"}
+        found[command] = json.loads(res.stdout.splitlines()[-1])
+    assert found == {"serve": [True, "0"], "transcribe": [True, "0"], "tail": [False, None]}
 
 
 @peers.linux_only
-def test_the_engine_and_media_worker_processes_set_up_their_own_blas() -> None:
+def test_the_engine_and_media_worker_processes_set_themselves_up() -> None:
     """`ttg serve` starts them as programs of their own: the engine process runs MLX (OpenBLAS under
-    it); a media worker runs only the streams' front ends (numpy's BLAS on one thread, no OpenBLAS)."""
+    it, no CUDA graphs); a media worker runs only the streams' front ends (numpy's BLAS on one thread,
+    no OpenBLAS, nothing of MLX's)."""
     code = """
-import json, runpy, sys
+import json, os, runpy, sys
 from threadpoolctl import threadpool_info
 sys.argv = [sys.argv[1], "--help"]
 try:
@@ -97,19 +108,33 @@ try:
 except SystemExit:
     pass
 numpy_threads = [lib["num_threads"] for lib in threadpool_info() if "scipy_openblas" in lib["filepath"]]
-print(json.dumps(["openblas-pthread" in open("/proc/self/maps").read(), numpy_threads]))
+graphs = os.environ.get("MLX_USE_CUDA_GRAPHS")
+print(json.dumps(["openblas-pthread" in open("/proc/self/maps").read(), numpy_threads, graphs]))
 """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TTG_")}
-    env["OPENBLAS_NUM_THREADS"] = "2"
     found = {}
     for program in ("asr_core.host", "gateway.workers.media_worker"):
         res = subprocess.run(
             [sys.executable, "-c", code, program],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+            cwd=REPO, env=fresh_env(), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert res.returncode == 0, res.stderr
         found[program] = json.loads(res.stdout.splitlines()[-1])
-    assert found == {"asr_core.host": [True, [1]], "gateway.workers.media_worker": [False, [1]]}
+    assert found == {"asr_core.host": [True, [1], "0"], "gateway.workers.media_worker": [False, [1], None]}
+
+
+def test_an_operators_own_cuda_graph_setting_is_kept() -> None:
+    code = """
+import os
+from asr_core import configure_process
+configure_process()
+print(os.environ["MLX_USE_CUDA_GRAPHS"])
+"""
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO, env=fresh_env(MLX_USE_CUDA_GRAPHS="1"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["1"]
 
 
 @peers.linux_only
@@ -117,8 +142,8 @@ def test_torch_and_mlx_run_in_one_process_set_up_with_torch_first() -> None:
     """torch's batched matmul with OpenBLAS global: it crashed (SIGSEGV) where OpenBLAS has a
     cblas_sgemm_batch of its own (Debian 13) when torch was loaded after it."""
     code = """
-from asr_core import configure_cpu_blas
-configure_cpu_blas(torch=True)
+from asr_core import configure_process
+configure_process(torch=True)
 import mlx.core as mx
 import torch
 q, k = torch.randn(1, 8, 50, 64), torch.randn(1, 8, 64, 100)
@@ -137,8 +162,8 @@ def test_the_engine_runs_the_encoders_cpu_matmuls_on_the_threads_its_config_name
     other threads would spin on the cores that the calls' audio and signalling need."""
     code = """
 import json
-from asr_core import configure_cpu_blas
-configure_cpu_blas()
+from asr_core import configure_process
+configure_process()
 from threadpoolctl import threadpool_info
 from asr_core.config import EngineConfig
 from asr_core.engine import AsrEngine
@@ -152,10 +177,8 @@ with AsrEngine(AsrModel.load(embedded_model_dir(), "f32"), EngineConfig(cpu_thre
     during = threads()
 print(json.dumps([before, during]))
 """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TTG_")}
-    env["OPENBLAS_NUM_THREADS"] = "2"
     res = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], cwd=REPO, env=fresh_env(), capture_output=True, text=True, timeout=120
     )
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout.splitlines()[-1]) == [[2], [1]]
