@@ -23,6 +23,13 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/run.log") 2>&1
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+# The calls the gateway under test carries now (0 while its metrics do not answer).
+active_calls() {
+  python3 -c 'import re, urllib.request as u
+text = u.urlopen("http://127.0.0.1:9108/metrics", timeout=2).read().decode()
+m = re.search(r"^ttg_active_calls (\S+)", text, re.M)
+print(int(float(m.group(1))) if m else 0)' 2> /dev/null || echo 0
+}
 source .whl/device_env.sh || exit 1
 source tools/device/kit_env.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv
@@ -100,11 +107,17 @@ gateway)
   # for each): listed at the end, as the first level on a fresh machine runs slower than on a warm one.
   rm -f /tmp/ready.marker
   ( until grep -q "gateway ready" "$OUT/run.log" 2>/dev/null; do sleep 1; done; touch /tmp/ready.marker ) &
-  # PROFILE_AT_S: that long after the gateway is ready, sample the engine process (py-spy, all
-  # threads, then only the interpreter lock's holder) while the calls run; NATIVE=1 adds C frames.
+  # PROFILE_AT_S: that long after the gateway first carries PROFILE_CALLS calls (its ttg_active_calls;
+  # default: 95 % of the last level's, which a few refused calls must not keep from starting), sample the engine process (py-spy, all threads, then only the
+  # interpreter lock's holder) while the calls run; NATIVE=1 adds C frames. (Counted from the gateway's
+  # readiness it fell before or after the level's calls, which ramp in and end within CALL_SECONDS.)
   if [ -n "${PROFILE_AT_S:-}" ]; then
     (
-      until grep -q "gateway ready" "$OUT/run.log" 2>/dev/null; do sleep 1; done
+      want=${PROFILE_CALLS:-$(( ${levels##*,} * 95 / 100 ))}
+      until [ "$(active_calls)" -ge "$want" ]; do
+        kill -0 "$bench" 2> /dev/null || { echo "no profile: the gateway never carried $want calls"; exit 0; }
+        sleep 1
+      done
       sleep "$PROFILE_AT_S"
       pid=$(pgrep -f "asr_core.host" | head -1)
       if [ -n "$pid" ] && [ -x "$spy" ]; then
