@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from asr_core._process import MLX_DEFAULTS
 from tests.fixtures import peers
@@ -34,21 +35,23 @@ print(json.dumps({"before": before, "after": blas(), "mlx_loaded": "mlx.core" in
 """
 
 
-def fresh_env(**extra: str) -> dict[str, str]:
-    """This environment without what the test session's own set-up put in it (and no TTG_ settings);
-    numpy's BLAS starts with two threads, whatever the machine."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TTG_") and k not in MLX_DEFAULTS}
-    return {**env, "OPENBLAS_NUM_THREADS": "2", **extra}
+def in_fresh_interpreter(code: str, *args: str, **env: str) -> Any:
+    """What `code` (run with `args`) prints last, as JSON. Its environment is this one without what the
+    test session's own set-up put in it and without TTG_ settings, plus `env`; numpy's BLAS starts with
+    two threads, whatever the machine."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TTG_") and k not in MLX_DEFAULTS}
+    res = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=REPO, env={**base, "OPENBLAS_NUM_THREADS": "2", **env}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.splitlines()[-1])
 
 
 def blas_libraries(setup: str = "") -> tuple[dict[str, int], dict[str, int]]:
     """{library path: threads} before and after the imports."""
-    res = subprocess.run(
-        [sys.executable, "-c", PROBE.replace("SETUP", setup)],
-        cwd=REPO, env=fresh_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
+    out = in_fresh_interpreter(PROBE.replace("SETUP", setup))
     assert out["mlx_loaded"], "the imports reach mlx.core, which a preload has to precede"
     return out["before"], out["after"]
 
@@ -83,14 +86,7 @@ except SystemExit:
 openblas = "openblas-pthread" in open("/proc/self/maps").read()
 print(json.dumps([openblas, os.environ.get("MLX_USE_CUDA_GRAPHS")]))
 """
-    found = {}
-    for command in ("serve", "transcribe", "tail"):
-        res = subprocess.run(
-            [sys.executable, "-c", code, command],
-            cwd=REPO, env=fresh_env(), capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert res.returncode == 0, res.stderr
-        found[command] = json.loads(res.stdout.splitlines()[-1])
+    found = {command: in_fresh_interpreter(code, command) for command in ("serve", "transcribe", "tail")}
     assert found == {"serve": [True, "0"], "transcribe": [True, "0"], "tail": [False, None]}
 
 
@@ -111,30 +107,21 @@ numpy_threads = [lib["num_threads"] for lib in threadpool_info() if "scipy_openb
 graphs = os.environ.get("MLX_USE_CUDA_GRAPHS")
 print(json.dumps(["openblas-pthread" in open("/proc/self/maps").read(), numpy_threads, graphs]))
 """
-    found = {}
-    for program in ("asr_core.host", "gateway.workers.media_worker"):
-        res = subprocess.run(
-            [sys.executable, "-c", code, program],
-            cwd=REPO, env=fresh_env(), capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert res.returncode == 0, res.stderr
-        found[program] = json.loads(res.stdout.splitlines()[-1])
+    found = {
+        program: in_fresh_interpreter(code, program)
+        for program in ("asr_core.host", "gateway.workers.media_worker")
+    }
     assert found == {"asr_core.host": [True, [1], "0"], "gateway.workers.media_worker": [False, [1], None]}
 
 
 def test_an_operators_own_cuda_graph_setting_is_kept() -> None:
     code = """
-import os
+import json, os
 from asr_core import configure_process
 configure_process()
-print(os.environ["MLX_USE_CUDA_GRAPHS"])
+print(json.dumps(os.environ["MLX_USE_CUDA_GRAPHS"]))
 """
-    res = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO, env=fresh_env(MLX_USE_CUDA_GRAPHS="1"), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["1"]
+    assert in_fresh_interpreter(code, MLX_USE_CUDA_GRAPHS="1") == "1"
 
 
 @peers.linux_only
@@ -177,8 +164,4 @@ with AsrEngine(AsrModel.load(embedded_model_dir(), "f32"), EngineConfig(cpu_thre
     during = threads()
 print(json.dumps([before, during]))
 """
-    res = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=fresh_env(), capture_output=True, text=True, timeout=120
-    )
-    assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout.splitlines()[-1]) == [[2], [1]]
+    assert in_fresh_interpreter(code) == [[2], [1]]
