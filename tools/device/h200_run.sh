@@ -108,9 +108,9 @@ gateway)
   rm -f /tmp/ready.marker
   ( until grep -q "gateway ready" "$OUT/run.log" 2>/dev/null; do sleep 1; done; touch /tmp/ready.marker ) &
   # PROFILE_AT_S: that long after the gateway first carries PROFILE_CALLS calls (its ttg_active_calls;
-  # default: 95 % of the last level's, which a few refused calls must not keep from starting), sample the engine process (py-spy, all threads, then only the
-  # interpreter lock's holder) while the calls run; NATIVE=1 adds C frames. (Counted from the gateway's
-  # readiness it fell before or after the level's calls, which ramp in and end within CALL_SECONDS.)
+  # default: 95 % of the last level's, which a few refused calls must not keep from starting), sample
+  # the engine process (py-spy, all threads, then only the interpreter lock's holder) while the calls
+  # run; NATIVE=1 adds C frames. A level's calls ramp in and end within CALL_SECONDS of each other.
   if [ -n "${PROFILE_AT_S:-}" ]; then
     (
       want=${PROFILE_CALLS:-$(( ${levels##*,} * 95 / 100 ))}
