@@ -110,7 +110,7 @@ gateway)
   # PROFILE_AT_S: that long after the gateway first carries PROFILE_CALLS calls (its ttg_active_calls;
   # default: 95 % of the last level's, which a few refused calls must not keep from starting), sample
   # the engine process (py-spy, all threads, then only the interpreter lock's holder) while the calls
-  # run; NATIVE=1 adds C frames. A level's calls ramp in and end within CALL_SECONDS of each other.
+  # run; NATIVE=1 adds C frames.
   if [ -n "${PROFILE_AT_S:-}" ]; then
     (
       want=${PROFILE_CALLS:-$(( ${levels##*,} * 95 / 100 ))}
