@@ -8,7 +8,7 @@
 #               OUT=$OUT BUDGET=585 SHARE_RUNS=1:750:0:0 SHARE_SECONDS=20 bash tools/device/ab.sh share
 #   settings: AB_ENV="VAR=V ...": runs without and with those variables in turn, RUNS of each (default 2),
 #             $OUT/a1 $OUT/b1 $OUT/a2 ... (the gateway and the engine benches pass their environment on)
-#               OUT=$OUT BUDGET=585 AB_ENV=MLX_USE_CUDA_GRAPHS=0 KEEP="summary.md engines.log" \
+#               OUT=$OUT BUDGET=585 AB_ENV=MLX_USE_CUDA_GRAPHS=1 KEEP="summary.md engines.log" \
 #                 GATEWAY_ARGS=... CALL_SECONDS=20 ONE_PROCESS=0 bash tools/device/ab.sh gateway 2000
 #
 # $OUT/ab.log: what ran when, and each run's exit status. KEEP: the files each run keeps (a call brings back
