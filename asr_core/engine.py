@@ -39,8 +39,11 @@ the same audio contributes only its frames after them. A flush's padding frames 
 a copy of the state, so that the last word's late pieces make it into the final (pieces that finish
 that word only: a new word there came from imagined silence); those tokens are remembered as
 published (`spec`), and when the real frames behind the padding are decoded, the tokens they give
-that match them, in order, are not emitted again (the first that differs ends the matching). The
-encoder frames of every later chunk are exactly those of a stream without the flush
+that match them, in order, are not emitted again (the first that differs ends the matching). When
+the padding gave a whole word, the model may be late with the utterance's last word: the final is
+held (`_HeldFinal`) until the real frames up to that word are decoded, if the caller stays silent
+(the front end marks such chunks, `silent_since_flush`); a chunk with speech releases it as it was.
+The encoder frames of every later chunk are exactly those of a stream without the flush
 (the step wrote no cache).
 
 Front end on the caller's thread: features and chunking of a 20-320 ms push cost tens of
@@ -943,6 +946,18 @@ class _WorkerStream:
     flushes: int = 0
     spec: list[int] = field(default_factory=list)  # published from a flush's padding, not yet confirmed
     spec_end: int = 0  # the frame after that flush's chunk
+    held: _HeldFinal | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _HeldFinal:
+    """A flush's final kept open because its padding gave a whole word: the model may be late with
+    the utterance's last word (it says it a frame or more after the audio). The real frames up to
+    `until_frame` decide: while the caller stays silent they join the final, which closes after
+    them; a chunk with speech (or the next flush) closes it first, as it was."""
+
+    speech_end_at: float | None
+    until_frame: int
 
 
 def _unpublished(ws: _WorkerStream, tokens: list[Token]) -> list[Token]:
@@ -1116,17 +1131,26 @@ class _DecoderWorker:
         n = _frames_due(c)
         ws.next_frame = max(ws.next_frame, c.first_frame + n)
         try:
+            events: list[AsrEvent] = []
+            if ws.held is not None and (c.flush or not c.payload.silent_since_flush):
+                # The caller spoke again: the final goes out as it is, since these frames may hold
+                # the new speech's first pieces as well as the late word.
+                events += self._release_held(ws)
             tokens = _unpublished(ws, tokens)
             if not c.flush and c.first_frame + int(c.frames.shape[0]) >= ws.spec_end:
                 ws.spec = []  # the real frames behind the last flush's padding are all decoded
             energies = c.payload.energies_db[skip:n]
-            events = ws.assembler.update(tokens, c.first_frame + skip, n - skip, energies)
+            events += ws.assembler.update(tokens, c.first_frame + skip, n - skip, energies)
             if c.flush:
                 ws.flushes += 1
-                closed = ws.assembler.speech_ended(self._speculate(ws, c, n, padding_tokens))
-                if closed and c.payload.speech_end_at is not None:
-                    self.engine.hooks.time_to_final(self.engine._clock() - c.payload.speech_end_at)
-                events += closed
+                late, word_at = self._speculate(ws, c, n, padding_tokens)
+                if word_at is None:
+                    events += self._close_utterance(ws, late, c.payload.speech_end_at)
+                else:
+                    ws.assembler.add_late(late)
+                    ws.held = _HeldFinal(c.payload.speech_end_at, word_at + 1)
+            elif ws.held is not None and c.first_frame + n >= ws.held.until_frame:
+                events += self._release_held(ws)
         except Exception as e:
             logger.exception("stream %s: transcript assembly failed", ws.shared.stream_id)
             self._fail(c.key, e)
@@ -1142,17 +1166,30 @@ class _DecoderWorker:
             del ws.lags[: len(ws.lags) - _LAG_SAMPLES]
         self._emit(ws, events, c.payload.completed_at)
 
+    def _close_utterance(
+        self, ws: _WorkerStream, late: Sequence[Token], speech_end_at: float | None
+    ) -> list[AsrEvent]:
+        closed: list[AsrEvent] = list(ws.assembler.speech_ended(late))
+        if closed and speech_end_at is not None:
+            self.engine.hooks.time_to_final(self.engine._clock() - speech_end_at)
+        return closed
+
+    def _release_held(self, ws: _WorkerStream) -> list[AsrEvent]:
+        held, ws.held = ws.held, None
+        return self._close_utterance(ws, (), held.speech_end_at) if held is not None else []
+
     def _speculate(
         self, ws: _WorkerStream, c: EncodedChunk[ChunkPayload], real: int, decoded: list[Token] | None = None
-    ) -> list[Token]:
+    ) -> tuple[list[Token], int | None]:
         """Decode a flush's padding frames from a copy of the stream's decoder state (or take them
         `decoded` on the device): the late pieces of the last word (the model emits a piece a frame
         or two after its audio) go into the final. They become `ws.spec`, the tokens already
-        published that the real frames behind the padding are expected to give again; returns those
-        not published yet."""
+        published that the real frames behind the padding are expected to give again. Returns those
+        not published yet, and the frame of a whole word the padding gave after them, if any: the
+        final then waits for the real frames up to it (`_HeldFinal`)."""
         frames = c.frames[real:]
         if not frames.shape[0]:
-            return []
+            return [], None
         first = c.first_frame + real
         if decoded is not None:
             spec = decoded
@@ -1171,7 +1208,8 @@ class _DecoderWorker:
             n += 1
         new = _unpublished(ws, spec[:n])
         ws.spec, ws.spec_end = [t.id for t in spec[:n]], c.first_frame + int(c.frames.shape[0])
-        return new
+        word = next((t.frame for t in spec[n:] if text.starts_word(t.id) and text.decode([t.id])[0]), None)
+        return new, word
 
     def _emit(self, ws: _WorkerStream, events: Sequence[AsrEvent], completed_at: float | None) -> None:
         now = self.engine._clock()
@@ -1207,6 +1245,7 @@ class _DecoderWorker:
         events: list[AsrEvent] = []
         if reason != "error":
             try:
+                events.extend(self._release_held(ws))
                 events.extend(ws.assembler.finish(ws.shared.samples * 1000 // SAMPLE_RATE_HZ))
             except Exception:
                 logger.exception("stream %s: final transcript failed", ws.shared.stream_id)

@@ -62,6 +62,9 @@ class ChunkPayload:
     flush: bool = False
     flush_frames: int = 0
     speech_end_at: float | None = None  # flush: monotonic time the caller's last speech was live
+    # A chunk completed after a flush with no speech heard since (the VAD, up to the push that
+    # completed it): the tokens it gives are the model's late ones for the utterance that flush ended.
+    silent_since_flush: bool = False
 
 
 class StreamFrontEnd:
@@ -91,6 +94,7 @@ class StreamFrontEnd:
         # (sample after the push, time of the push) of the last second of pushes: when was a sample
         # live? (the time to final of a flush is measured from its speech end)
         self._pushes: deque[tuple[int, float]] = deque(maxlen=64)
+        self._flushed_at: int | None = None  # sample of the last flush's decision
 
     @property
     def audio_ms(self) -> int:
@@ -111,6 +115,7 @@ class StreamFrontEnd:
             payloads += self._feed(pcm[pos : end.decided_at - start])
             pos = end.decided_at - start
             payloads.append(self._flush_payload(end.speech_end))
+            self._flushed_at = end.decided_at
         payloads += self._feed(pcm[pos:])
         return payloads
 
@@ -129,10 +134,17 @@ class StreamFrontEnd:
 
     def _payloads(self, mels: list[np.ndarray]) -> list[ChunkPayload]:
         now = self._clock()
+        # The VAD has seen the whole push by now, so speech later in it also counts against this.
+        vad, flushed_at = self._vad, self._flushed_at
+        silent = vad is not None and flushed_at is not None and vad.silent_since(flushed_at)
         out = []
         for mel in mels:
             first = self.chunks * self._frame_span
-            out.append(ChunkPayload(mel=mel, energies_db=self._energies(first), completed_at=now))
+            out.append(
+                ChunkPayload(
+                    mel=mel, energies_db=self._energies(first), completed_at=now, silent_since_flush=silent
+                )
+            )
             self.chunks += 1
         # Keep only the audio the next chunk's frame energies need.
         keep_from = max(

@@ -169,6 +169,13 @@ class TranscriptAssembler:
         flush's padding after those frames (the last word's late pieces), added to the segment."""
         if self._closed:
             return []
+        self.add_late(late)
+        if self._held or not self._ids:
+            return []
+        return self._close(at_end=False)
+
+    def add_late(self, late: Sequence[Token]) -> None:
+        """Tokens decoded past the frames fed (a flush's padding) join the open segment."""
         by_frame: dict[int, list[Token]] = {}
         for tok in late:
             by_frame.setdefault(tok.frame, []).append(tok)
@@ -176,9 +183,6 @@ class TranscriptAssembler:
             kept = self._without_orphans(toks)
             if kept:
                 self._add(frame, kept)
-        if self._held or not self._ids:
-            return []
-        return self._close(at_end=False)
 
     def finish(self, audio_ms: int | None = None) -> list[TranscriptEvent]:
         """End of stream: the open segment's final (if it has text)."""

@@ -133,10 +133,16 @@ class SpeechEndDetector:
         self._quiet = 0  # frames since the last frame of a run of speech (of min_speech_ms or more)
         self._in_speech = False
         self._last_speech_end = 0  # sample after the last speech frame of the open utterance
+        self._onset = -1  # first sample of the speech run that opened the last utterance
 
     @property
     def in_speech(self) -> bool:
         return self._in_speech
+
+    def silent_since(self, sample: int) -> bool:
+        """No utterance opened from `sample` to the end of the audio pushed so far, and none may be
+        opening (no speech frame at the end of it, in a run too short to count yet)."""
+        return not self._in_speech and self._onset < sample and self._run == 0
 
     def push(self, pcm: F32) -> list[SpeechEnd]:
         x = np.asarray(pcm, np.float32).reshape(-1)
@@ -149,6 +155,8 @@ class SpeechEndDetector:
             self._run = self._run + 1 if speech else 0
             if self._run >= self._onset_frames:
                 # A run long enough to be speech: it opens an utterance or keeps it open.
+                if not self._in_speech:
+                    self._onset = (self._frame - self._run) * FRAME_SAMPLES
                 self._in_speech = True
                 self._quiet = 0
                 self._last_speech_end = self._frame * FRAME_SAMPLES

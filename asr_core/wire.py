@@ -5,6 +5,7 @@ Into the engine (one channel per front-end process):
     OPEN(key, lookahead, language, stream_id)     a stream starts (its key is the sender's)
     CHUNK(key, flags, completed_at, samples, mel, energies)   LAST: the stream's final short chunk;
         FLUSH: the VAD's speech-end flush (flush_frames of real audio, the speech end's live time)
+        SILENT: no speech since the stream's last flush (ChunkPayload.silent_since_flush)
     FINISH(key, samples)                          no more chunks (after its last, if any)
     CLOSE(key)                                    abort
 Out of the engine (one channel to the process that publishes):
@@ -36,6 +37,7 @@ EVENT, ENDED, STEP, DECODE, DROPPED, LATENCY, STATUS, TTF = 10, 11, 12, 13, 14, 
 
 FLAG_LAST = 1
 FLAG_FLUSH = 2
+FLAG_SILENT = 4
 
 _OPEN = struct.Struct("<Ih")  # key, lookahead (-1: the default)
 # key, flags, n_frames, n_mels, n_energies, flush_frames, completed_at, samples, speech_end_at (NaN: none)
@@ -113,6 +115,7 @@ def encode_chunk(key: int, p: ChunkPayload, samples: int, *, last: bool) -> list
     mel = np.ascontiguousarray(p.mel, _F32).reshape(p.mel.shape[0], -1)
     energies = np.ascontiguousarray(p.energies_db, _F32)
     flags = (FLAG_LAST if last else 0) | (FLAG_FLUSH if p.flush else 0)
+    flags |= FLAG_SILENT if p.silent_since_flush else 0
     speech_end = math.nan if p.speech_end_at is None else p.speech_end_at
     head = _CHUNK.pack(
         key,
@@ -153,6 +156,7 @@ def decode_input(kind: int, view: memoryview) -> Open | Chunk | Finish | Close:
                 flush=bool(flags & FLAG_FLUSH),
                 flush_frames=flush_frames,
                 speech_end_at=None if math.isnan(speech_end) else speech_end,
+                silent_since_flush=bool(flags & FLAG_SILENT),
             )
             return Chunk(key, bool(flags & FLAG_LAST), samples, payload)
         if kind == OPEN:

@@ -122,6 +122,44 @@ def test_two_utterances_in_one_stream_read_as_each_streamed_alone(
             assert together == f"{text(stream(model, a, VadConfig()))} {text(stream(model, b, VadConfig()))}"
 
 
+def test_chunks_after_a_flush_say_whether_the_caller_stayed_silent(model: AsrModel) -> None:
+    from asr_core.frontend import FrontEndFactory
+
+    spec = model.frontend_spec(VadConfig(kind="energy"))
+    front = FrontEndFactory(spec).stream(spec.default_lookahead)
+    t = np.arange(16000) / 16000
+    tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    quiet = np.zeros(16000, np.float32)
+    audio = np.concatenate([quiet[:8000], tone, quiet, tone, quiet])
+    seen = []
+    for i in range(0, len(audio), BLOCK):
+        seen += ["flush" if p.flush else p.silent_since_flush for p in front.push(audio[i : i + BLOCK])]
+    # Not before the first flush; after each, until the next speech starts.
+    assert [k for k, _ in itertools.groupby(seen)] == [False, "flush", True, False, "flush", True]
+
+
+def test_a_final_waits_for_the_last_word_the_model_says_late(model: AsrModel) -> None:
+    """Clip 0's "me" comes from the model after the VAD's decision and past the flush's real frames
+    (its padding gives it as a whole word): the final waits for those frames while the caller stays
+    silent, so the utterance is one final and not "... for" then "me" at the next pause."""
+    first = read_audio(CLIPS / "test-000000.wav")
+    audio = np.concatenate([first, np.zeros(16000, np.float32)])
+    for mode in ("batched", "workers", "device"):
+        (last, *_) = reversed(finals(stream(model, audio, VadConfig(), mode)))
+        assert last.text.endswith("eight for me") and not last.at_end_of_stream, last
+
+
+def test_a_caller_who_goes_on_at_once_gets_the_final_as_it_was(model: AsrModel) -> None:
+    """Clip 1's speech starts right at the VAD's decision after clip 0's "me": the held final goes
+    out as it was, and the late word opens the next utterance. (The frames behind the padding can
+    hold the new speech's first pieces too: joining them to the final would cut a word in two.)"""
+    first, second = (read_audio(CLIPS / f"test-00000{i}.wav") for i in (0, 1))
+    audio = np.concatenate([first[: int(4.98 * 16000)], second[int(np.argmax(np.abs(second) > 0.01)) :]])
+    for mode in ("batched", "workers", "device"):
+        texts = [f.text for f in finals(stream(model, audio, VadConfig(), mode))]
+        assert texts[-2].endswith("eight for") and texts[-1].startswith("me yes"), texts
+
+
 def test_words_have_times_inside_their_final_in_order_and_a_confidence(
     model: AsrModel, clips: list[np.ndarray]
 ) -> None:

@@ -60,6 +60,18 @@ def test_a_click_neither_opens_nor_extends_an_utterance() -> None:
     assert end == 24000 and decided == 24000 + 3200  # the click inside the hang-over does not count
 
 
+def test_silent_since_a_decision_until_an_utterance_opens_after_it() -> None:
+    det = energy_detector(hangover_ms=150)
+    ((_, decided),) = ends(det, np.concatenate([silence(0.5), tone(1.0), silence(0.3)]), [1280])
+    assert det.silent_since(decided)
+    det.push(tone(0.03))  # a run too short to count yet: it may grow into speech
+    assert not det.silent_since(decided)
+    det.push(silence(0.1))  # it stayed a click
+    assert det.silent_since(decided)
+    det.push(np.concatenate([tone(0.2), silence(0.5)]))  # speech, and its own end
+    assert not det.silent_since(decided)
+
+
 def test_a_pause_shorter_than_the_hang_over_keeps_the_utterance_open() -> None:
     audio = np.concatenate([silence(0.5), tone(0.5), silence(0.14), tone(0.5), silence(1.0)])
     got = ends(energy_detector(hangover_ms=150), audio, [FRAME_SAMPLES * 3])
