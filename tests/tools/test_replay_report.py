@@ -71,6 +71,23 @@ def test_a_final_that_merges_two_utterances_counts_for_both_so_a_missed_endpoint
     assert got[0].ttf_s == pytest.approx(3.3) and got[1].ttf_s == pytest.approx(0.3)
 
 
+def test_a_final_in_the_silence_past_an_utterances_margin_covers_none_and_is_counted() -> None:
+    """A late last word the gateway sent as its own final 300 ms after the speech (or words made up
+    in the silence): TTF cannot see it, so the report counts it."""
+    events = [
+        ev("final", 1, 12.3, "hello", (400, 2000), 1),
+        ev("final", 2, 13.9, "there", (2300, 2400), 2),
+        ev("final", 3, 15.2, "how are you", (3400, 5100), 3),
+        ev("partial", 4, 15.5, "um", (6000, 6100), 4),
+    ]
+    got = analysis.match_utterances(UTTS, events)
+    assert [u.ttf_s for u in got] == [pytest.approx(0.3), pytest.approx(0.2)]  # "there" not seen
+    assert analysis.finals_outside(UTTS, events) == 1
+    assert analysis.finals_outside(UTTS, events, margin_ms=300) == 0
+    untimed = [ev("final", 1, 12.3, "hello"), ev("final", 2, 13.9, "there")]
+    assert analysis.finals_outside(UTTS, untimed) == 0  # matched by order instead
+
+
 def test_an_utterance_without_a_final_has_no_time_to_final() -> None:
     events = [ev("final", 1, 12.3, "hello", (400, 2100)), ev("partial", 2, 14.0, "how", (3400, 4000))]
     got = analysis.match_utterances(UTTS, events)
@@ -163,7 +180,13 @@ def call(index: int, outcome: str = "completed", **kw: object) -> report.CallRes
 
 def test_summary_counts_outcomes_latencies_and_corpus_wer() -> None:
     u = UtteranceResult
-    first = {"partials": 3, "finals": 2, "unstable_partials": 1, "partials_with_successor": 2}
+    first = {
+        "partials": 3,
+        "finals": 3,
+        "finals_outside": 1,
+        "unstable_partials": 1,
+        "partials_with_successor": 2,
+    }
     calls = [
         call(0, setup_s=0.002, utterances=(u(0, 1, 0.2, 0.3, 1), u(2, 3, 0.1, 0.5, 1)), rtp_sent=100,
              rtp_planned=100, word_errors=1, ref_words=10, call_end_received=True, **first),
@@ -178,6 +201,7 @@ def test_summary_counts_outcomes_latencies_and_corpus_wer() -> None:
     assert s.rejected_by_status == {"503": 2} and s.max_retry_after_s == 9.0
     assert s.ttf_s.n == 2 and s.ttf_s.p50 == pytest.approx(0.4) and s.ttfp_s.n == 3
     assert s.setup_s.n == 2 and s.utterances == 3 and s.utterances_without_final == 1
+    assert (s.finals, s.finals_outside) == (3, 1)
     assert s.partial_instability == pytest.approx(0.5) and s.wer == pytest.approx(4 / 20)
     assert (s.rtp_sent, s.rtp_planned, s.calls_without_call_end, s.peak_active_calls) == (150, 150, 1, 3)
 

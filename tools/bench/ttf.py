@@ -112,6 +112,7 @@ def run(args: argparse.Namespace, work: Path, procs: list[demo.Proc]) -> dict[st
         "utterances": s["utterances"],
         "without_final": s["utterances_without_final"],
         "finals": s["finals"],
+        "finals_outside": s["finals_outside"],
         "ttf_ms": {k: _ms(s["ttf_s"][k]) for k in ("p50", "p95", "p99", "mean", "max")},
         "ttfp_ms": {k: _ms(s["ttfp_s"][k]) for k in ("p50", "p95", "p99", "mean", "max")},
         "wer": s["wer"],
@@ -168,7 +169,8 @@ def _line(result: dict[str, Any]) -> str:
     t, f = result["ttf_ms"], result["ttfp_ms"]
     return (
         f"{result['completed']}/{result['total']} calls, {result['utterances']} utterances "
-        f"({result['without_final']} without a final, {result['finals']} finals); TTF p50 {t['p50']} ms, "
+        f"({result['without_final']} without a final, {result['finals']} finals, "
+        f"{result['finals_outside']} outside every utterance); TTF p50 {t['p50']} ms, "
         f"p95 {t['p95']} ms, max {t['max']} ms; first partial p50 {f['p50']} ms, p95 {f['p95']} ms; "
         f"WER {result['wer']}; replay CPU {result['harness_cpu_percent']} %"
         "\n  inside the gateway (means, ms): " + ", ".join(f"{k} {v}" for k, v in result["inside_ms"].items())

@@ -13,6 +13,8 @@ Definitions (docs/replay.md has the long form):
   milliseconds, on the replay's clock) instead of the moment the replay read it: what the gateway
   took, without the replay's own lag in reading (both on one host's clock; None when not known).
 - Events without a media span are matched by order: the k-th final closes the k-th utterance.
+- finals outside: finals whose media span covers no utterance (a late word past the margin, words
+  made up in silence); counted, since TTF cannot see them.
 - partial stability: a partial is unstable when its text is not a prefix of the next partial or the
   final of the same segment (whitespace collapsed, case kept): share of unstable partials.
 - WER: jiwer on lower-cased text without punctuation, corpus-level over calls (errors / ref words).
@@ -184,6 +186,22 @@ def match_utterances(
         n = len(covering_finals)
         out.append(UtteranceResult(u.start_ms, u.end_ms, ttfp, ttf, n, u.sentence, ttf_published))
     return out
+
+
+def finals_outside(
+    utterances: Sequence[UtteranceTiming], events: Sequence[ReceivedEvent], margin_ms: int = DEFAULT_MARGIN_MS
+) -> int:
+    """Finals whose media span covers no utterance: a late word that starts past its utterance's
+    window, or words made up in the silence between utterances. TTF does not see them (0 without
+    media spans: those finals are matched by order)."""
+    return sum(
+        1
+        for e in events
+        if e.type == "final"
+        and e.start_ms is not None
+        and e.end_ms is not None
+        and not any(_covers(e, u, margin_ms) for u in utterances)
+    )
 
 
 def _collapse(text: str) -> str:

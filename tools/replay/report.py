@@ -49,6 +49,7 @@ class CallResult:
     utterances: tuple[UtteranceResult, ...] = ()
     partials: int = 0
     finals: int = 0
+    finals_outside: int = 0  # finals covering no utterance (analysis.finals_outside)
     unstable_partials: int = 0
     partials_with_successor: int = 0
     call_end_received: bool = False
@@ -83,6 +84,7 @@ class Summary:
     utterances_without_final: int | None  # None: events were not read back (--no-redis)
     partials: int
     finals: int
+    finals_outside: int  # finals covering no utterance: TTF cannot see them
     partial_instability: float | None  # share of partials not a prefix of their successor
     wer: float | None
     wer_ref_words: int
@@ -207,6 +209,7 @@ def transcript_results(
         "utterances": tuple(analysis.match_utterances(utterances, events, margin_ms)),
         "partials": sum(1 for e in events if e.type == "partial"),
         "finals": sum(1 for e in events if e.type == "final"),
+        "finals_outside": analysis.finals_outside(utterances, events, margin_ms),
         "unstable_partials": unstable,
         "partials_with_successor": considered,
         "call_end_received": call_end is not None,
@@ -269,6 +272,7 @@ def summarize(results: Sequence[CallResult], peak_active: int = 0, readback: boo
         utterances_without_final=sum(1 for u in utts if u.ttf_s is None) if readback else None,
         partials=sum(c.partials for c in legs),
         finals=sum(c.finals for c in legs),
+        finals_outside=sum(c.finals_outside for c in legs),
         partial_instability=(sum(c.unstable_partials for c in legs) / considered) if considered else None,
         wer=(sum(c.word_errors or 0 for c in wer_calls) / ref_words) if ref_words else None,
         wer_ref_words=ref_words,
@@ -322,7 +326,8 @@ def summary_markdown(s: Summary) -> list[str]:
         f"- calls: **{s.calls}**, completed {s.completed}, rejected {s.rejected} ({rejected}), "
         f"failed {s.failed}, stopped {s.stopped}; peak concurrent {s.peak_active_calls}",
         f"- utterances {s.utterances}, without a final {_opt(s.utterances_without_final)}; "
-        f"partials {s.partials}, finals {s.finals}; partial instability {instab}; WER {wer}",
+        f"partials {s.partials}, finals {s.finals} ({s.finals_outside} outside every utterance); "
+        f"partial instability {instab}; WER {wer}",
         f"- RTP packets sent {s.rtp_sent} of {s.rtp_planned} planned; send errors {s.rtp_send_errors}; "
         f"calls without call_end {_opt(s.calls_without_call_end)}",
         f"- {gateway}; calls in another language than asked: {s.lang_mismatches}",
