@@ -140,8 +140,8 @@ class SpeechEndDetector:
         return self._in_speech
 
     def silent_since(self, sample: int) -> bool:
-        """No utterance opened from `sample` to the end of the audio pushed so far, and none may be
-        opening (no speech frame at the end of it, in a run too short to count yet)."""
+        """No utterance opened from `sample` to the end of the audio pushed so far, and none is
+        opening: its last frame is not speech (a run too short to count yet may grow into one)."""
         return not self._in_speech and self._onset < sample and self._run == 0
 
     def push(self, pcm: F32) -> list[SpeechEnd]:
