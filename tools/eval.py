@@ -99,11 +99,24 @@ def run_streaming(
     lookahead: int | None,
     vad: str | None = None,
 ) -> list[str]:
-    """Each entry through the engine (as `ttg transcribe`), STREAM_GROUP concurrent streams at a time."""
+    """Each entry through the engine (as `ttg transcribe`): its finals joined."""
+    return [" ".join(f) for f in stream_finals(model, entries, audios, forced_lang, lookahead, vad)]
+
+
+def stream_finals(
+    model: Any,
+    entries: Sequence[Entry],
+    audios: Sequence[np.ndarray],
+    forced_lang: str | None,
+    lookahead: int | None,
+    vad: str | None = None,
+) -> list[list[str]]:
+    """Each entry through the engine (as `ttg transcribe`), STREAM_GROUP concurrent streams at a time:
+    the texts of its finals, in order."""
     from asr_core.api import StreamEnded, TranscriptEvent
     from tools.transcribe import transcribe
 
-    hyps: list[str] = [""] * len(entries)
+    hyps: list[list[str]] = [[] for _ in entries]
     by_lang: dict[str, list[int]] = {}
     for i, e in enumerate(entries):
         by_lang.setdefault(_language(e, forced_lang), []).append(i)
@@ -123,8 +136,20 @@ def run_streaming(
                 if not isinstance(end, StreamEnded) or end.reason != "finished":
                     raise RuntimeError(f"{entries[i].audio}: stream ended with {getattr(end, 'reason', end)}")
                 finals = [ev.text for ev in events if isinstance(ev, TranscriptEvent) and ev.kind == "final"]
-                hyps[i] = " ".join(t for t in finals if t)
+                hyps[i] = [t for t in finals if t]
     return hyps
+
+
+def segmentation(finals: Sequence[Sequence[str]]) -> dict[str, int]:
+    """How the endpointing cut the set's utterances (each one sentence): finals in all, utterances in
+    more than one, and of those the ones whose last final is one word (a real pause before it, or a
+    last word the model said late, after its sentence's final)."""
+    split = [f for f in finals if len(f) > 1]
+    return {
+        "finals": sum(len(f) for f in finals),
+        "split": len(split),
+        "last_final_one_word": sum(1 for f in split if len(f[-1].split()) == 1),
+    }
 
 
 def run_offline(
@@ -233,8 +258,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if args.mode in ("streaming", "both"):
         model = AsrModel.load(model_dir, args.precision)
         t0 = time.monotonic()
-        hyps["streaming"] = run_streaming(model, entries, audios, args.lang, args.lookahead, args.vad)
+        finals = stream_finals(model, entries, audios, args.lang, args.lookahead, args.vad)
+        hyps["streaming"] = [" ".join(f) for f in finals]
         result["streaming"] = _by_language(entries, refs, hyps["streaming"], args.lang)
+        result["streaming"]["segmentation"] = segmentation(finals)
         result["streaming"]["seconds"] = round(time.monotonic() - t0, 1)
     if args.mode in ("offline", "both"):
         t0 = time.monotonic()
@@ -286,6 +313,12 @@ def main(args: argparse.Namespace) -> int:
                     f"{mode:9s} {lang:6s} WER {100 * s['wer']:6.2f}%  CER {100 * s['cer']:6.2f}%  "
                     f"({s['utterances']} utterances, {s['words']} words)"
                 )
+        if mode == "streaming":
+            seg = result[mode]["segmentation"]
+            print(
+                f"{mode:9s} {seg['finals']} finals for {result['utterances']} utterances: {seg['split']} in "
+                f"more than one, {seg['last_final_one_word']} of them ending in a one-word final"
+            )
         print(f"{mode:9s} took {result[mode]['seconds']} s for {result['audio_seconds']} s of audio")
     if "streaming_vs_offline" in result:
         print(

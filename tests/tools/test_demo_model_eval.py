@@ -72,6 +72,14 @@ def test_eval_cli_streams_and_decodes_offline_with_identical_transcripts(tmp_pat
     assert set(result["streaming"]) >= {"all", "en-US", "uk-UA"}
     assert result["streaming_vs_offline"]["differ"] == 0
     assert all(u["streaming"] for u in result["utterance_results"])  # the random bundle does emit
+    assert result["streaming"]["segmentation"]["finals"] >= 3
+
+
+def test_segmentation_counts_finals_split_utterances_and_those_ending_in_one_word() -> None:
+    from tools.eval import segmentation
+
+    got = segmentation([["could you check"], ["could you check", "me"], ["yes", "i can"], []])
+    assert got == {"finals": 5, "split": 2, "last_final_one_word": 1}
 
 
 def test_eval_cli_rejects_an_empty_selection(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
