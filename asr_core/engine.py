@@ -27,9 +27,9 @@ stopped, the stream queues a *flush*: a `ChunkPayload` with `flush=True` holding
 chunk, padded with copies of its last (silent) mel frame, since the VAD just heard silence there, to
 that chunk and one more (so the last word's late pieces come out: MelChunker.flush_chunk). The
 encoder runs it as a non-committing step (no cache written, the stream not advanced); the worker
-decodes it and closes the utterance with a final at once, instead of waiting for the chunk to fill,
-its lookahead, and the token-silence rule. The flush is plain data on the front-end side, so it can
-cross a process boundary like any chunk.
+decodes it and closes the utterance with a final at once (or a chunk later: a held final, below),
+instead of waiting for the chunk to fill, its lookahead, and the token-silence rule. The flush is
+plain data on the front-end side, so it can cross a process boundary like any chunk.
 
 Decoder reconciliation: each stream's worker keeps `next_frame`, the first encoder frame it has not
 decoded with its committed state. A chunk or flush starting before it is decoded only from
