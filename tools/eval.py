@@ -91,18 +91,6 @@ def _language(entry: Entry, forced: str | None) -> str:
     return forced or entry.lang or "en-US"
 
 
-def run_streaming(
-    model: Any,
-    entries: Sequence[Entry],
-    audios: Sequence[np.ndarray],
-    forced_lang: str | None,
-    lookahead: int | None,
-    vad: str | None = None,
-) -> list[str]:
-    """Each entry through the engine (as `ttg transcribe`): its finals joined."""
-    return [" ".join(f) for f in stream_finals(model, entries, audios, forced_lang, lookahead, vad)]
-
-
 def stream_finals(
     model: Any,
     entries: Sequence[Entry],
