@@ -11,9 +11,9 @@ from typing import Any
 from tools.bench.gateway import _daemon_env, _machine, _merge_reports, add_arguments, machine_window
 
 
-def _report(folder: Path, utterances: list[dict[str, Any]], call_id: str = "c0") -> Path:
+def _report(folder: Path, utterances: list[dict[str, Any]], call_id: str = "c0", **more: int) -> Path:
     folder.mkdir()
-    summary = {"calls": 1, "completed": 1, "rejected": 0, "rtp_sent_to_reporting_calls": 100}
+    summary = {"calls": 1, "completed": 1, "rejected": 0, "rtp_sent_to_reporting_calls": 100, **more}
     summary["gateway_rtp_packets"] = 100
     harness = {"cpu_percent": 12.0, "send_lateness_ms": {"p99": 1.5}}
     (folder / "report.json").write_text(
@@ -69,6 +69,19 @@ def test_a_levels_p95_to_the_finals_xadd_follows_the_capacity_rule_and_is_absent
     assert level["ttf_p95_published_s"] == "inf"
     older = [{"ttf_s": u["ttf_s"], "ttfp_s": 0.05} for u in said]
     assert _merge_reports([_report(tmp_path / "r2", older)])["ttf_p95_published_s"] is None
+
+
+def test_a_levels_finals_outside_every_utterance_add_up_and_are_unknown_from_older_reports(
+    tmp_path: Path,
+) -> None:
+    said = [{"ttf_s": 0.2, "ttfp_s": 0.05}]
+    both = [
+        _report(tmp_path / "r0", said, finals_outside=2),
+        _report(tmp_path / "r1", said, finals_outside=1),
+    ]
+    assert _merge_reports(both)["finals_outside"] == 3
+    older = _report(tmp_path / "r2", said)
+    assert _merge_reports([*both, older])["finals_outside"] is None
 
 
 def test_a_level_measures_the_engine_with_the_adaptive_call_limit_off_unless_asked_for() -> None:

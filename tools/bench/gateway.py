@@ -326,12 +326,14 @@ def _merge_reports(folders: list[Path]) -> dict[str, Any]:
     uncovered: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (call, utterance) of `silent`
     harness_cpu: list[float] = []
     lateness_p99: list[float] = []
+    outside: int | None = 0  # finals covering no utterance (None where a report predates the count)
     for folder in folders:
         path = folder / "report.json"
         if not path.exists():
             continue
         r = json.loads(path.read_text())
         s = r["summary"]
+        outside = None if outside is None or "finals_outside" not in s else outside + s["finals_outside"]
         calls += s["calls"]
         completed += s["completed"]
         rejected += s["rejected"]
@@ -371,6 +373,7 @@ def _merge_reports(folders: list[Path]) -> dict[str, Any]:
         # generator's lag in reading (None where the reports predate it).
         "ttf_p95_published_s": _p95(published + [math.inf] * missing) if len(published) == len(ttf) else None,
         "ttfp_p50_s": round(float(np.percentile(ttfp, 50)), 3) if ttfp else None,
+        "finals_outside": outside,
         "rtp_received_percent": round(100 * counted / sent, 1) if sent else None,
         "replay_cpu_percent": [round(x, 1) for x in harness_cpu],
         "replay_lateness_p99_ms": [round(x, 1) for x in lateness_p99],
@@ -568,6 +571,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
             )
         if r.get("ttf_p95_published_s") is not None:
             missing += f" [p95 to the finals' XADD {r['ttf_p95_published_s']}]"
+        if r.get("finals_outside"):
+            missing += f" ({r['finals_outside']} finals outside every utterance: in no TTF)"
         lines.append(
             f"| {r['level']} | {r.get('completed', '-')} | "
             f"{r.get('ttf_p50_s')} / {r.get('ttf_p95_s')}{missing} | "
