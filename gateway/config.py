@@ -256,6 +256,12 @@ class RtpSettings(BaseModel):
         ge=0,
         description="Latched RTP source silent this long: follow its stream (same SSRC) to a new address",
     )
+    rtcp_reports: bool = Field(
+        True,
+        description="Send RTCP receiver reports (RFC 3550) to each leg's peer, which some end calls without "
+        "(linphone after 30 s with neither RTP nor RTCP; this gateway sends no RTP); only to the latched "
+        "host, never to an address only the SDP names",
+    )
     port_quarantine_s: float = Field(
         2.0, ge=0, description="A released RTP port pair rests this long before reuse"
     )

@@ -50,6 +50,10 @@ RTP_JITTER = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32),
 )
 DTMF_EVENTS = Counter("ttg_dtmf_events_total", "RFC 4733 DTMF events received")
+RTCP_REPORTS_SENT = Counter(
+    "ttg_rtcp_reports_sent_total", "RTCP receiver reports sent to the peers (RFC 3550 §6.4.2, BYEs included)"
+)
+RTCP_SEND_ERRORS = Counter("ttg_rtcp_send_errors_total", "RTCP reports the socket refused to send (dropped)")
 RTP_STREAMS = Gauge("ttg_rtp_streams", "RTP streams (port pairs) currently open")
 RTP_TIMEOUTS = Counter("ttg_rtp_timeouts_total", "Streams that hit the (hold-aware) RTP inactivity timeout")
 RTP_PORTS_EXHAUSTED = Counter(

@@ -5,9 +5,10 @@
   `rtcp_datagram(data, addr, now)`  every datagram on the RTCP port
   `update(plan, now)`               a new offer/answer (re-INVITE: hold/resume, codec or address change)
   `handle_timer(now)`               at (or after) `next_deadline()`
+  `goodbye(now)`                    before `close`: the last RTCP report, with a BYE
   `close(now)`                      once, at the end: flushes everything
-Each returns the events produced: `AudioBlock`, `DtmfDigit`, `MediaTimeout`. The asyncio adapter
-(`gateway.rtp.receiver.CallMedia`) hands them to a `MediaSink`.
+Each returns the events produced: `AudioBlock`, `DtmfDigit`, `MediaTimeout`, `RtcpReport`. The asyncio
+adapter (`gateway.rtp.receiver.CallMedia`) hands the first three to a `MediaSink` and sends the reports.
 
 Theory of operation (the invariants the tests check):
 
@@ -49,11 +50,20 @@ Theory of operation (the invariants the tests check):
    like RTCP, and reduced-size RTCP (APP, SDES alone) is valid RTCP.
 8. Inactivity: no valid RTP/RTCP for `inactivity_timeout_s` → one `MediaTimeout`. While on hold
    (sendonly/inactive/recvonly offer or c=0.0.0.0) `hold_timeout_s` applies instead (0 = never).
+9. RTCP receiver reports (RFC 3550 §6.4.2, `gateway.rtp.rtcp`; `rtcp_reports`): once the peer is heard
+   (latched RTP, or RTCP from the latched host), a compound RR + SDES every 2–6 s (§6.3.1 around the 5 s
+   minimum), on hold too (RFC 3264 §5.1 keeps RTCP flowing), with a report block on the current source.
+   They go only to the latched host: where its RTCP comes from (symmetric RTCP, RFC 4961), else with
+   rtcp-mux to the latched RTP address, else to the SDP's RTCP port there. A stream that reported says
+   goodbye with a BYE (§6.3.7).
 """
 
 from __future__ import annotations
 
+import base64
 import logging
+import random
+import secrets
 import struct
 from collections import deque
 from collections.abc import Sequence
@@ -68,6 +78,7 @@ from gateway.audio.pipeline import SAMPLES_PER_MS, AudioBlock, AudioPipeline
 from gateway.rtp.dtmf import DtmfDecoder, DtmfEvent, TelephoneEvent
 from gateway.rtp.jitter_buffer import DUPLICATE, LATE, JitterBuffer
 from gateway.rtp.packet import RtpParseError, is_stun, parse_rtcp, parse_rtp
+from gateway.rtp.rtcp import Reception, compound, delay_since, report_interval, sr_middle
 from gateway.rtp.seq import MAX_DROPOUT, MAX_MISORDER, SEQ_MOD, Unwrapper
 from gateway.rtp.stats import JitterEstimator, MediaStats
 from gateway.sdp import MediaPlan
@@ -84,6 +95,7 @@ __all__ = [
     "MediaSink",
     "MediaStats",
     "MediaTimeout",
+    "RtcpReport",
 ]
 
 CLOCK_RATE = 8000
@@ -120,7 +132,17 @@ class MediaTimeout:
     on_hold: bool
 
 
-MediaEvent = AudioBlock | DtmfDigit | MediaTimeout
+@dataclass(frozen=True, slots=True)
+class RtcpReport:
+    """A compound RTCP packet for the peer at `addr`, sent from our RTP port (`rtp_port`: rtcp-mux, or
+    where the peer's RTCP comes in) or else from our RTCP port."""
+
+    data: bytes
+    addr: tuple[str, int]
+    rtp_port: bool
+
+
+MediaEvent = AudioBlock | DtmfDigit | MediaTimeout | RtcpReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +158,7 @@ class MediaConfig:
     relatch_after_s: float = 2.0  # 0: only a re-INVITE address change moves the latch
     resample_quality: str = "HQ"
     jitter_capacity: int = 256  # packets waiting behind gaps, at most
+    rtcp_reports: bool = True  # send RTCP receiver reports (rule 9)
 
 
 _NO_EVENTS: tuple[MediaEvent, ...] = ()
@@ -155,7 +178,10 @@ PENDING_PLAN = MediaPlan(
 
 
 class MediaCore:
-    def __init__(self, plan: MediaPlan, config: MediaConfig, now: float) -> None:
+    def __init__(
+        self, plan: MediaPlan, config: MediaConfig, now: float, rng: random.Random | None = None
+    ) -> None:
+        """`rng` draws our SSRC, CNAME and report intervals (default: the OS's randomness)."""
         self.config = config
         self._plan = plan
         self._kinds: dict[int, int] = {}
@@ -218,11 +244,23 @@ class MediaCore:
         self._timed_out = False
         self._closed = False
 
+        # RTCP reports (rule 9): our SSRC and CNAME (RFC 7022 §5: 96 cryptographically random bits, per
+        # session), the current source's reception, the last sender report from the peer (its SSRC,
+        # LSR, arrival), where the peer's RTCP comes from (address, on our RTP port), the next report.
+        self._rng = rng or random.Random()
+        self._own_ssrc = self._rng.getrandbits(32)
+        self._cname = base64.urlsafe_b64encode(self._rng.randbytes(12) if rng else secrets.token_bytes(12))
+        self._reception: Reception | None = None
+        self._last_sr: tuple[int, int, float] | None = None
+        self._rtcp_from: tuple[tuple[str, int], bool] | None = None
+        self._report_at: float | None = None
+        self.reports_sent = 0
+
     # --- inputs ----------------------------------------------------------------------------------
 
     def datagram(self, data: bytes, addr: tuple[str, int], now: float) -> Sequence[MediaEvent]:
         if len(data) >= 2 and 192 <= data[1] <= 223:
-            return self.rtcp_datagram(data, addr, now)  # RFC 5761 §4 demux (rtcp-mux)
+            return self._rtcp(data, addr, now, rtp_port=True)  # RFC 5761 §4 demux (rtcp-mux)
         if self._closed:
             return _NO_EVENTS
         if data[:1] < b"\x04" and is_stun(data):
@@ -310,18 +348,7 @@ class MediaCore:
         return self._take()
 
     def rtcp_datagram(self, data: bytes, addr: tuple[str, int], now: float) -> Sequence[MediaEvent]:
-        if data[:1] < b"\x04" and is_stun(data):
-            return self._keepalive(addr, now)
-        try:
-            parse_rtcp(data)
-        except RtpParseError as exc:
-            self._count_invalid(exc.reason)
-            return _NO_EVENTS
-        self.rtcp_packets += 1
-        # RTCP from the latched host (any port: RTCP comes from port+1 or a NATed port) is liveness.
-        if self._latched is not None and addr[0] == self._latched[0]:
-            self._last_activity = now
-        return _NO_EVENTS
+        return self._rtcp(data, addr, now, rtp_port=False)
 
     def update(self, plan: MediaPlan, now: float) -> Sequence[MediaEvent]:
         """Apply a new negotiation outcome for this stream (re-INVITE)."""
@@ -335,6 +362,7 @@ class MediaCore:
             logger.info("remote RTP address changed %s -> %s: re-latching", self._remote, remote)
             self._remote = remote
             self._latched = None
+            self._rtcp_from = None
         self._plan = plan
         self._apply_plan(plan)
         self._last_activity = now  # a re-INVITE restarts the inactivity clock (e.g. a resume)
@@ -355,6 +383,8 @@ class MediaCore:
             if timeout and now - self._last_activity >= timeout:
                 self._timed_out = True
                 self._events.append(MediaTimeout(now - self._last_activity, self._holding))
+        if self._report_at is not None and now >= self._report_at:
+            self._report(now)
         return self._take()
 
     def next_deadline(self) -> float | None:
@@ -373,7 +403,22 @@ class MediaCore:
                 d = self._last_activity + timeout
                 if best is None or d < best:
                     best = d
+        d = self._report_at
+        if d is not None and (best is None or d < best):
+            best = d
         return best
+
+    def goodbye(self, now: float) -> RtcpReport | None:
+        """The last report, with a BYE (RFC 3550 §6.3.7), for a stream that has sent reports (one that
+        never sent RTP or RTCP "MUST NOT send a BYE"): before `close`, while the ports are open."""
+        if self._closed or not self.reports_sent:
+            return None
+        destination = self._rtcp_destination()
+        if destination is None:
+            return None
+        self._report_at = None
+        self.reports_sent += 1
+        return RtcpReport(self._compound(now, b"call ended"), *destination)
 
     def close(self, now: float) -> Sequence[MediaEvent]:
         """Flush the jitter buffer, an open DTMF event and the resampler tail. Idempotent."""
@@ -430,6 +475,7 @@ class MediaCore:
             timeline_adjustments=self.timeline_adjustments,
             dtmf_events=self.dtmf_events,
             rtcp_packets=self.rtcp_packets,
+            rtcp_reports_sent=self.reports_sent,
             jitter_ms=self._jitter.jitter / (CLOCK_RATE / 1000),
             audio_ms=self._pipeline.samples_out // (2 * SAMPLES_PER_MS),
             concealed_ms=self.concealed // SAMPLES_PER_MS,
@@ -464,6 +510,7 @@ class MediaCore:
         if self._latched is None:
             logger.debug("RTP latched to %s:%d", addr[0], addr[1])
             self._latched = addr
+            self._arm_reports(now)
             return True
         relatch = self.config.relatch_after_s
         if not relatch or now - self._last_from_source < relatch:
@@ -476,6 +523,64 @@ class MediaCore:
         )  # fmt: skip
         self._latched = addr
         return True
+
+    def _rtcp(
+        self, data: bytes, addr: tuple[str, int], now: float, *, rtp_port: bool
+    ) -> Sequence[MediaEvent]:
+        if data[:1] < b"\x04" and is_stun(data):
+            return self._keepalive(addr, now)
+        try:
+            info = parse_rtcp(data)
+        except RtpParseError as exc:
+            self._count_invalid(exc.reason)
+            return _NO_EVENTS
+        self.rtcp_packets += 1
+        # RTCP from the latched host (any port: RTCP comes from port+1 or a NATed port) is liveness, and
+        # where our reports go (symmetric RTCP).
+        if self._latched is not None and addr[0] == self._latched[0]:
+            self._last_activity = now
+            self._rtcp_from = (addr, rtp_port)
+            if info.sr_ntp is not None:
+                self._last_sr = (info.sender_ssrc, sr_middle(info.sr_ntp), now)
+            self._arm_reports(now)
+        return _NO_EVENTS
+
+    def _arm_reports(self, now: float) -> None:
+        """The peer is heard: the first report is due (§6.3.1's initial, halved interval)."""
+        if self.config.rtcp_reports and self._report_at is None and not self._closed:
+            self._report_at = now + report_interval(self._rng, initial=True)
+
+    def _rtcp_destination(self) -> tuple[tuple[str, int], bool] | None:
+        """Where reports go (rule 9), and whether from our RTP port; None before the peer is heard."""
+        if self._rtcp_from is not None:
+            return self._rtcp_from
+        latched = self._latched
+        if latched is None:
+            return None
+        if self._plan.rtcp_mux:
+            return latched, True
+        return (latched[0], self._plan.remote_rtcp_port or latched[1] + 1), False
+
+    def _report(self, now: float) -> None:
+        destination = self._rtcp_destination()
+        if destination is None:  # the latch moved (re-INVITE): the next latch arms the reports again
+            self._report_at = None
+            return
+        self._events.append(RtcpReport(self._compound(now), *destination))
+        self.reports_sent += 1
+        self._report_at = now + report_interval(self._rng, initial=False)
+
+    def _compound(self, now: float, bye: bytes | None = None) -> bytes:
+        """RR (a block on the current source once one is heard) + SDES CNAME [+ BYE]."""
+        rec = self._reception
+        if rec is None:
+            return compound(self._own_ssrc, self._cname, bye=bye)
+        rec.highest = self._max_ext
+        lsr = dlsr = 0
+        sr = self._last_sr
+        if sr is not None and sr[0] == rec.ssrc:
+            lsr, dlsr = sr[1], delay_since(now - sr[2])
+        return compound(self._own_ssrc, self._cname, (rec.block(self._jitter.jitter, lsr, dlsr),), bye)
 
     def _keepalive(self, addr: tuple[str, int], now: float) -> Sequence[MediaEvent]:
         """A STUN keep-alive: not media, not invalid; from the latched host it shows the peer is there."""
@@ -517,6 +622,7 @@ class MediaCore:
         self._ssrc = ssrc
         self._max_seq = seq
         self._max_ext = seq
+        self._reception = Reception(ssrc, seq, seq)
 
     def _end_source(self, now: float) -> None:
         self._jb.flush(self._ready)
@@ -526,6 +632,8 @@ class MediaCore:
             self._emit_dtmf(ev)
 
     def _accept(self, ext: int, kind: int, timestamp: int, payload: bytes, now: float) -> None:
+        if self._reception is not None:
+            self._reception.received += 1  # RFC 3550 A.3 counts duplicates and late packets too
         status = self._jb.push(ext, (kind, timestamp, payload, now), now, self._ready)
         if status == DUPLICATE:
             if kind != KIND_DTMF:  # RFC 4733 §2.5.1.4 end packets are sent three times on purpose

@@ -46,6 +46,7 @@ from gateway.rtp.media import (
     MediaSink,
     MediaStats,
     MediaTimeout,
+    RtcpReport,
 )
 from gateway.rtp.ports import PortPool, PortsExhausted
 from gateway.sdp import MediaPlan
@@ -76,6 +77,7 @@ def media_config(rtp: RtpSettings) -> MediaConfig:
         hold_timeout_s=rtp.hold_timeout_s,
         relatch_after_s=rtp.relatch_after_ms / 1000,
         resample_quality=rtp.resample_quality,
+        rtcp_reports=rtp.rtcp_reports,
     )
 
 
@@ -104,7 +106,8 @@ class _Protocol(asyncio.DatagramProtocol):
         self._media._datagram(data, addr, self._rtcp)
 
     def error_received(self, exc: Exception) -> None:
-        # ICMP errors for datagrams we never sent (we do not send RTP); nothing to do but note it.
+        # ICMP errors (port unreachable) for our RTCP reports: the peer's RTCP port is closed; the
+        # reports are best effort, so nothing to do but note it.
         logger.debug("RTP socket error: %s", exc)
 
 
@@ -376,6 +379,9 @@ class CallMedia:
             return self._final
         self._read_pending()
         now = self._loop.time()
+        bye = self._core.goodbye(now)
+        if bye is not None:
+            self._send(bye)  # while the sockets are open
         events = self._core.close(now)
         if self._timer is not None:
             self._timer.cancel()
@@ -486,8 +492,22 @@ class CallMedia:
                     state = "on hold" if ev.on_hold else "active"
                     logger.info("media %s: no RTP for %.1f s (%s)", self.name, ev.idle_s, state)
                     sink.on_inactive()
+                elif type(ev) is RtcpReport:
+                    self._send(ev)
             except Exception:
                 logger.exception("media sink of %s failed on %s", self.name, type(ev).__name__)
+
+    def _send(self, report: RtcpReport) -> None:
+        """One RTCP report, best effort: a full socket buffer or an unreachable peer drops it (counted)."""
+        if not self._sockets:
+            return
+        try:
+            self._sockets[0 if report.rtp_port else 1].sendto(report.data, report.addr)
+        except OSError as exc:
+            metrics.RTCP_SEND_ERRORS.inc()
+            logger.debug("media %s: RTCP report to %s not sent: %s", self.name, report.addr, exc)
+            return
+        metrics.RTCP_REPORTS_SENT.inc()
 
     def _publish_metrics(self) -> None:
         core = self._core

@@ -13,6 +13,7 @@ Definitions (what the numbers in `call_end` and the metrics mean):
 - invalid: datagrams on the ports that were not usable RTP/RTCP, by reason. `seq_jump` (RFC 3550 A.1:
   a packet far outside the sequence that no second packet followed) and `stray_ssrc` (a lone packet of
   an unknown SSRC) are valid RTP from the latched source, so they are counted in packets_received too.
+- rtcp_packets / rtcp_reports_sent: valid RTCP received from the peer / receiver reports we sent it.
 - jitter_ms: RFC 3550 A.8 estimate at the end of the stream (for the last source), in milliseconds.
 """
 
@@ -65,6 +66,7 @@ class MediaStats:
     timeline_adjustments: int = 0  # gaps capped at max_gap and overlaps re-anchored
     dtmf_events: int = 0
     rtcp_packets: int = 0
+    rtcp_reports_sent: int = 0
     jitter_ms: float = 0.0
     audio_ms: int = 0  # length of the media timeline delivered to the sink
     concealed_ms: int = 0  # silence inserted into it (loss, DTX/CN gaps, DTMF, idle fill)

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from gateway.rtp.media import MediaConfig
+from gateway.rtp.packet import RTCP_BYE, RTCP_RR, RTCP_SDES, parse_rtcp
 from gateway.rtp.receiver import CallMedia, MediaManager, PortsExhausted
 from gateway.rtp.sender import Impairments, RtpSender, ScheduledPacket
 from gateway.sdp import MediaPlan
@@ -242,6 +243,33 @@ async def test_inactivity_reaches_the_sink_once() -> None:
     await asyncio.sleep(0.35)
     assert sink.inactive == 2
     media.close()
+
+
+async def test_the_peer_gets_receiver_reports_from_our_rtcp_port_and_a_bye_at_the_close() -> None:
+    peer_rtcp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer_rtcp.bind(("127.0.0.1", 0))
+    peer_rtcp.setblocking(False)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    before = sample("ttg_rtcp_reports_sent_total")
+    media = await manager().open(replace(PLAN, remote_rtcp_port=peer_rtcp.getsockname()[1]), RecordingSink())
+    loop = asyncio.get_running_loop()
+
+    async def next_report(timeout: float = 5.0) -> tuple[tuple[int, ...], int]:
+        data, addr = await asyncio.wait_for(loop.sock_recvfrom(peer_rtcp, 2048), timeout)
+        return parse_rtcp(data).packet_types, addr[1]
+
+    try:
+        await paced(tx, media.port, RtpSender("PCMU", ssrc=0xB0B).audio(speech_like(1600)).packets, 10.0)
+        types, port = await next_report()  # the first within ~3 s of the first packet
+        assert types == (RTCP_RR, RTCP_SDES) and port == media.rtcp_port
+        media.close()
+        types, port = await next_report(1.0)
+        assert types == (RTCP_RR, RTCP_SDES, RTCP_BYE) and port == media.rtcp_port
+    finally:
+        media.close()
+        tx.close()
+        peer_rtcp.close()
+    assert media.stats().rtcp_reports_sent == 2 == sample("ttg_rtcp_reports_sent_total") - before
 
 
 async def test_ports_are_freed_on_close_and_exhaustion_is_reported() -> None:
