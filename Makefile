@@ -16,12 +16,12 @@ endif
 TEST_EXTRAS := $(DEMO_EXTRAS),dev,reference
 # Debian packages the demo uses as real peers (redis-server, sipp) and for MLX's CPU matmuls; the
 # tests add espeak-ng (speech), sox, prometheus (promtool), systemd (systemd-analyze verifies the
-# unit file) and the third-party SIP software of the interop tests (baresip, kamailio, sipvicious,
-# sipsak; fail2ban-regex checks the ops/fail2ban filter) and g++ (MLX's CPU JIT: the encoder's fused
+# unit file) and the third-party SIP software of the interop tests (baresip, linphone-cli, kamailio,
+# sipvicious, sipsak; fail2ban-regex checks the ops/fail2ban filter) and g++ (MLX's CPU JIT: the encoder's fused
 # sigmoid and softmax, README). tools/install_system_deps.sh adds python3-venv where python3 is the
 # distribution's.
 APT_DEMO := redis-server sip-tester libopenblas0-pthread libsndfile1
-APT_PACKAGES := $(APT_DEMO) espeak-ng sox prometheus systemd baresip kamailio sipvicious sipsak fail2ban g++
+APT_PACKAGES := $(APT_DEMO) espeak-ng sox prometheus systemd baresip linphone-cli kamailio sipvicious sipsak fail2ban g++
 BREW_DEMO := redis
 BREW_PACKAGES := redis espeak-ng sox prometheus
 PYTEST_ARGS ?=

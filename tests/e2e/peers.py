@@ -1,5 +1,6 @@
 """Third-party SIP software the interop tests drive against `ttg serve` (Debian packages, installed
-by `make deps`): baresip (a softphone, headless), Kamailio (a proxy/dispatcher) and sipvicious.
+by `make deps`): baresip and linphone (softphones, headless), Kamailio (a proxy/dispatcher) and
+sipvicious.
 
 Each runs as a real process on loopback ports, started and stopped by its PID, bounded in time.
 A peer that is not installed fails the test (CI must not pass without it).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -162,6 +164,147 @@ class Baresip:
     def log_tail(self, n: int = 30) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.replace("\r", "\n").splitlines()[-n:])
+
+
+# --- linphone --------------------------------------------------------------------------------------
+
+
+class Linphone:
+    """One `linphone-daemon` (Debian's linphone-cli 5.x: liblinphone, belle-sip, mediastreamer2) with no
+    sound card: commands over its Unix socket (`--pipe`, /tmp/NAME), call state by polling `call-status`,
+    the call's audio from a WAV file (`incall-player-start`).
+
+    Two quirks of that build the tests work around: the player's end of file crashes the daemon
+    (SIGSEGV in its player callback), so `audio` must outlast the call (`speech_wav`'s tail silence);
+    and the SIP transport is set by the `port` command (the daemon opens none from its configuration).
+    `nortp_timeout_s`: linphone ends a call when neither RTP nor RTCP came for this long."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        audio: Path,
+        *,
+        password: str = "",
+        algorithm: str = "MD5",
+        nortp_timeout_s: int = 30,
+    ) -> None:
+        self.workdir = workdir / "linphone"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.binary = tool("linphone-daemon")
+        self.audio = audio
+        base = port_block(4, tcp=True)  # SIP at base, RTP/RTCP at base+2 and base+3
+        self.sip_port = base
+        self.rtp_port = base + 2
+        self.pipe = f"ttg-linphone-{os.getpid()}-{base}"
+        lines = [
+            "[sip]",
+            "sip_port=-1",
+            "sip_tcp_port=-1",
+            "contact=<sip:trunk@127.0.0.1>",
+            "[rtp]",
+            f"audio_rtp_port={self.rtp_port}-{self.rtp_port}",
+            f"nortp_timeout={nortp_timeout_s}",
+        ]
+        if password:  # answers the gateway's digest challenge for realm "ttg" with this algorithm only
+            lines += [
+                "[auth_info_0]",
+                "username=trunk",
+                f"passwd={password}",
+                "realm=ttg",
+                "domain=127.0.0.1",
+                f"algorithm={algorithm}",
+                f"available_algorithms={algorithm}",
+            ]
+        self.config = self.workdir / "linphonerc"
+        self.config.write_text("\n".join(lines) + "\n")
+        self.log_path = self.workdir / "linphone.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def socket_path(self) -> Path:
+        return Path("/tmp") / self.pipe
+
+    def start(self, transport: str = "udp", timeout_s: float = 20.0) -> Linphone:
+        out = (self.workdir / "daemon.out").open("ab")
+        (self.workdir / ".local/share/linphone").mkdir(parents=True, exist_ok=True)  # its call history
+        self.proc = subprocess.Popen(
+            [self.binary, "--config", str(self.config), "--pipe", self.pipe, "--log", str(self.log_path)],
+            cwd=self.workdir, env={**os.environ, "HOME": str(self.workdir)}, stdin=subprocess.DEVNULL,
+            stdout=out, stderr=out, start_new_session=True,
+        )  # fmt: skip
+        out.close()
+        deadline = time.monotonic() + timeout_s
+        while self._sock is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"linphone-daemon did not start: {self.log_tail()}")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(str(self.socket_path))
+            except OSError:
+                sock.close()
+                time.sleep(0.1)
+                continue
+            self._sock = sock
+        self.command("port", "sip", str(self.sip_port), transport)
+        return self
+
+    def stop(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        if self.proc is not None:
+            terminate(self.proc, 10.0)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    def command(self, *words: str, timeout_s: float = 10.0) -> dict[str, str]:
+        """One command; its answer's `Key: Value` lines. Raises on `Status: Error`.
+
+        One connection for all (the daemon serves one client at a time, and notices a closed one late).
+        Its answers have no end marker; each is written at once, so what comes within 0.2 s of the first
+        bytes is the answer."""
+        sock = self._sock
+        assert sock is not None
+        with self._lock:
+            sock.settimeout(timeout_s)
+            sock.sendall(" ".join(words).encode() + b"\n")
+            data = sock.recv(65536)
+            sock.settimeout(0.2)
+            with contextlib.suppress(TimeoutError):
+                while chunk := sock.recv(65536):
+                    data += chunk
+        answer = dict(
+            line.split(": ", 1) for line in data.decode(errors="replace").splitlines() if ": " in line
+        )
+        if answer.get("Status") != "Ok":
+            raise RuntimeError(f"linphone refused {' '.join(words)}: {answer}")
+        return answer
+
+    def state(self) -> str:
+        """The current call's state (LinphoneCallStreamsRunning, ...), or "" when there is none."""
+        try:
+            return self.command("call-status").get("State", "")
+        except RuntimeError:  # "No current call available."
+            return ""
+
+    def wait_state(self, state: str, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while (now := self.state()) != state:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"linphone call not {state or 'ended'} (is {now!r}): {self.log_tail()}")
+            time.sleep(0.2)
+
+    def dial(self, uri: str) -> None:
+        """Call `uri`, and once the call is up, play the audio into it."""
+        self.command("call", uri)
+        self.wait_state("LinphoneCallStreamsRunning")
+        self.command("incall-player-start", str(self.audio))
+
+    def log_tail(self, n: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-n:])
 
 
 # --- Kamailio ----------------------------------------------------------------------------------------
