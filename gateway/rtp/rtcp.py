@@ -3,7 +3,7 @@
 RFC 3550 §6: "RTCP ... is based on the periodic transmission of control packets to all participants in
 the session"; receivers send receiver reports. Peers act on them: linphone ends a call in which neither
 RTP nor RTCP arrived for its `nortp_timeout` (30 s), and this gateway sends no RTP (its answer is
-recvonly), so without reports its calls from linphone ended after 31 s. SBCs and PBXs also read the
+recvonly), so without reports a call from linphone ends after 30 s. SBCs and PBXs also read the
 report blocks (loss, jitter) as the far end's view of each leg.
 
 Pure: the packets' wire format, the report block's arithmetic (App. A.3) and the interval (§6.3.1).

@@ -22,10 +22,30 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from tests.e2e.conftest import REPO, espeak_8k, free_tcp_port, port_block, terminate
+from gateway.sink.audit import audit, read_stream
+from tests.e2e.conftest import REPO, STREAM, Serve, espeak_8k, free_tcp_port, port_block, terminate, until
 from tests.fixtures.peers import tool
 
 KAMAILIO_CFG = REPO / "ops" / "kamailio" / "kamailio.cfg"
+
+
+def the_call(redis_url: str) -> tuple[dict[str, str], list[dict[str, str]], dict[str, str]]:
+    """The one call in the stream, audited: its call_start, every event, its call_end."""
+    report = audit(read_stream(redis_url, STREAM))
+    assert not report.problems, report.problems
+    (events,) = report.calls.values()
+    start, end = events[0], events[-1]
+    assert start["type"] == "call_start" and end["type"] == "call_end"
+    return start, events, end
+
+
+async def call_ended(redis_url: str, gw: Serve, timeout_s: float = 30.0) -> None:
+    """Until a call_end is in the stream."""
+
+    def ended() -> bool:
+        return any(f["type"] == "call_end" for _, f in read_stream(redis_url, STREAM))
+
+    await until(ended, "call_end in Redis", timeout_s=timeout_s, detail=gw.log_tail)
 
 
 def speech_wav(workdir: Path, sentences: Sequence[str], *, tail_silence_s: float = 0.0) -> Path:
@@ -37,10 +57,29 @@ def speech_wav(workdir: Path, sentences: Sequence[str], *, tail_silence_s: float
     return path
 
 
+class _Phone:
+    """What the softphones share: a process driven over one control socket, and a log."""
+
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    _sock: socket.socket | None = None
+
+    def stop(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        if self.proc is not None:
+            terminate(self.proc, 10.0)
+
+    def log_tail(self, n: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.replace("\r", "\n").splitlines()[-n:])
+
+
 # --- baresip ---------------------------------------------------------------------------------------
 
 
-class Baresip:
+class Baresip(_Phone):
     """One headless baresip (v1.x): `aufile` plays `audio` into every call, `ctrl_tcp` takes commands
     (netstring-framed JSON: dial, sndcode, hangup) and reports call events, which a thread collects."""
 
@@ -107,13 +146,6 @@ class Baresip:
         self._reader.start()
         return self
 
-    def stop(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-        if self.proc is not None:
-            terminate(self.proc, 10.0)
-
     def command(self, command: str, params: str = "", timeout_s: float = 10.0) -> dict[str, Any]:
         assert self._sock is not None
         body = json.dumps({"command": command, "params": params, "token": command}).encode()
@@ -161,15 +193,11 @@ class Baresip:
                     (self._events if message.get("event") else self._responses).append(message)
                     self._cond.notify_all()
 
-    def log_tail(self, n: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.replace("\r", "\n").splitlines()[-n:])
-
 
 # --- linphone --------------------------------------------------------------------------------------
 
 
-class Linphone:
+class Linphone(_Phone):
     """One `linphone-daemon` (Debian's linphone-cli 5.x: liblinphone, belle-sip, mediastreamer2) with no
     sound card: commands over its Unix socket (`--pipe`, /tmp/NAME), call state by polling `call-status`,
     the call's audio from a WAV file (`incall-player-start`).
@@ -251,11 +279,7 @@ class Linphone:
         return self
 
     def stop(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-        if self.proc is not None:
-            terminate(self.proc, 10.0)
+        super().stop()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 
@@ -301,10 +325,6 @@ class Linphone:
         self.command("call", uri)
         self.wait_state("LinphoneCallStreamsRunning")
         self.command("incall-player-start", str(self.audio))
-
-    def log_tail(self, n: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-n:])
 
 
 # --- Kamailio ----------------------------------------------------------------------------------------

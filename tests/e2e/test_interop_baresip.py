@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sink.audit import audit, read_stream
-from tests.e2e.conftest import STREAM, Serve, until
-from tests.e2e.peers import Baresip, speech_wav
+from tests.e2e.conftest import Serve
+from tests.e2e.peers import Baresip, call_ended, speech_wav, the_call
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -55,15 +54,6 @@ async def call_with_digits(phone: Baresip, uri: str) -> None:
     await asyncio.sleep(1.0)
 
 
-def the_call(redis_url: str) -> tuple[dict[str, str], list[dict[str, str]], dict[str, str]]:
-    report = audit(read_stream(redis_url, STREAM))
-    assert not report.problems, report.problems
-    (events,) = report.calls.values()
-    start, end = events[0], events[-1]
-    assert start["type"] == "call_start" and end["type"] == "call_end"
-    return start, events, end
-
-
 async def test_baresip_over_udp_with_digest_auth_pcma_dtmf_and_its_own_hangup(
     serve: Callable[..., Serve], tiny_bundle: Path, redis_url: str, baresip: Baresip
 ) -> None:
@@ -78,11 +68,7 @@ async def test_baresip_over_udp_with_digest_auth_pcma_dtmf_and_its_own_hangup(
     await call_with_digits(baresip, f"sip:1000@127.0.0.1:{gw.sip_port}")
     await asyncio.to_thread(baresip.command, "hangup")
     await asyncio.to_thread(baresip.wait_event, "CALL_CLOSED")
-
-    def ended() -> bool:
-        return any(f["type"] == "call_end" for _, f in read_stream(redis_url, STREAM))
-
-    await until(ended, "call_end in Redis", timeout_s=30, detail=gw.log_tail)
+    await call_ended(redis_url, gw)
     start, events, end = the_call(redis_url)
     assert (start["codec"], start["transport"]) == ("PCMA", "udp")
     assert [e["text"] for e in events if e["type"] == "dtmf"] == list(DIGITS)

@@ -4,9 +4,8 @@ advertise an IPv6 media address while sending from 127.0.0.1, it answers a diges
 presses RFC 4733 keys, and hangs up, or is hung up on at shutdown.
 
 linphone also ends a call by itself when neither RTP nor RTCP arrives for its `nortp_timeout` (30 s by
-default; here 8 s, above the reports' longest interval of 6.2 s). The gateway sends no RTP, so its calls
-from linphone lived only as long as that until it sent RTCP receiver reports: each call here outlasts
-the timeout twice over."""
+default; here 8 s, above the reports' longest interval of 6.2 s). The gateway sends no RTP, so what
+keeps such a call up is its RTCP receiver reports: each call here outlasts the timeout twice over."""
 
 from __future__ import annotations
 
@@ -17,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sink.audit import audit, read_stream
-from tests.e2e.conftest import STREAM, Serve, until
-from tests.e2e.peers import Linphone, speech_wav
+from tests.e2e.conftest import Serve
+from tests.e2e.peers import Linphone, call_ended, speech_wav, the_call
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -54,15 +52,6 @@ def phone(tmp_path: Path, speech: Path) -> Iterator[Callable[..., Linphone]]:
             p.stop()
 
 
-def the_call(redis_url: str) -> tuple[dict[str, str], list[dict[str, str]], dict[str, str]]:
-    report = audit(read_stream(redis_url, STREAM))
-    assert not report.problems, report.problems
-    (events,) = report.calls.values()
-    start, end = events[0], events[-1]
-    assert start["type"] == "call_start" and end["type"] == "call_end"
-    return start, events, end
-
-
 async def talk(phone: Linphone, uri: str, seconds: float) -> None:
     """Dial, press the keys, and stay on the line `seconds` from the answer, checking the call holds."""
     await asyncio.to_thread(phone.dial, uri)
@@ -91,11 +80,7 @@ async def test_linphone_over_udp_with_sha256_digest_outlasts_its_no_rtp_timeout_
     await talk(linphone, f"sip:1000@127.0.0.1:{gw.sip_port}", 2 * NORTP_TIMEOUT_S)
     await asyncio.to_thread(linphone.command, "terminate")
     await asyncio.to_thread(linphone.wait_state, "")
-
-    def ended() -> bool:
-        return any(f["type"] == "call_end" for _, f in read_stream(redis_url, STREAM))
-
-    await until(ended, "call_end in Redis", timeout_s=30, detail=gw.log_tail)
+    await call_ended(redis_url, gw)
     start, events, end = the_call(redis_url)
     assert (start["codec"], start["transport"]) == ("PCMU", "udp")
     assert [e["text"] for e in events if e["type"] == "dtmf"] == list(DIGITS)
