@@ -259,6 +259,7 @@ ENGINE_METRICS = (
     "ttg_asr_chunks_dropped",
     "ttg_calls",
     "ttg_rtp_packets_received",
+    "ttg_rtcp_reports_sent",
 )
 
 
@@ -298,6 +299,7 @@ def _engine_numbers(before: dict[str, float], after: dict[str, float], seconds: 
         "mean_decoder_step_ms": round(1000 * d("ttg_decoder_step_seconds_sum") / dec, 2) if dec else None,
         "mean_queue_wait_ms": round(1000 * d("ttg_asr_queue_wait_seconds_sum") / waits, 1) if waits else None,
         "dropped_chunks": int(d("ttg_asr_chunks_dropped_total")),
+        "rtcp_reports": int(d("ttg_rtcp_reports_sent_total")),
     }
 
 
