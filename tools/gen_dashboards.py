@@ -276,19 +276,30 @@ def gateway_rows() -> list[Row]:
                     "Jitter at hang-up (RFC 3550)",
                     quantiles("ttg_rtp_jitter_seconds", qs=(0.5, 0.95)),
                     unit="s",
-                    width=8,
+                    width=6,
                 ),
                 Panel(
                     "Invalid datagrams by reason",
                     [(f"sum by (reason) ({rate('ttg_rtp_packets_invalid_total')})", "{{reason}}")],
                     unit="pps",
-                    width=8,
+                    width=6,
                 ),
                 Panel(
                     "DTMF events (RFC 4733)",
                     [(f"sum({rate('ttg_dtmf_events_total')})", "DTMF/s")],
                     unit="cps",
-                    width=8,
+                    width=6,
+                ),
+                Panel(
+                    "RTCP reports to the peers",
+                    [
+                        (f"sum({rate('ttg_rtcp_reports_sent_total')})", "sent"),
+                        (f"sum({rate('ttg_rtcp_send_errors_total')})", "not sent"),
+                    ],
+                    unit="pps",
+                    width=6,
+                    description="Receiver reports, one per call leg every 2-6 s: peers that hear neither "
+                    "RTP nor RTCP hang up (linphone after 30 s, Asterisk's rtptimeout)",
                 ),
             ],
         ),
