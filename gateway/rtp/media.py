@@ -575,12 +575,12 @@ class MediaCore:
         rec = self._reception
         if rec is None:
             return compound(self._own_ssrc, self._cname, bye=bye)
-        rec.highest = self._max_ext
         lsr = dlsr = 0
         sr = self._last_sr
         if sr is not None and sr[0] == rec.ssrc:
             lsr, dlsr = sr[1], delay_since(now - sr[2])
-        return compound(self._own_ssrc, self._cname, (rec.block(self._jitter.jitter, lsr, dlsr),), bye)
+        block = rec.block(self._max_ext, self._jitter.jitter, lsr, dlsr)
+        return compound(self._own_ssrc, self._cname, (block,), bye)
 
     def _keepalive(self, addr: tuple[str, int], now: float) -> Sequence[MediaEvent]:
         """A STUN keep-alive: not media, not invalid; from the latched host it shows the peer is there."""
@@ -622,7 +622,7 @@ class MediaCore:
         self._ssrc = ssrc
         self._max_seq = seq
         self._max_ext = seq
-        self._reception = Reception(ssrc, seq, seq)
+        self._reception = Reception(ssrc, seq)
 
     def _end_source(self, now: float) -> None:
         self._jb.flush(self._ready)

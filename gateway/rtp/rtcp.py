@@ -45,19 +45,19 @@ def report_interval(rng: random.Random, *, initial: bool) -> float:
 class Reception:
     """One source's reception for its report blocks (RFC 3550 App. A.3), updated by the receiver.
 
-    `base` and `highest` are extended sequence numbers (cycles x 2^16 + seq) of the first and the highest
-    packet; `received` counts every packet of the source, duplicates and late ones included."""
+    `base` is the extended sequence number (cycles x 2^16 + seq) of its first packet; `received` counts
+    every packet of the source, duplicates and late ones included."""
 
     ssrc: int
     base: int
-    highest: int
     received: int = 0
     expected_prior: int = 0
     received_prior: int = 0
 
-    def block(self, jitter: float, lsr: int, dlsr: int) -> bytes:
-        """The next report block; starts the next reporting interval (its fraction lost)."""
-        expected = self.highest - self.base + 1
+    def block(self, highest: int, jitter: float, lsr: int, dlsr: int) -> bytes:
+        """The next report block, `highest` the extended sequence number of the highest packet so far;
+        starts the next reporting interval (its fraction lost)."""
+        expected = highest - self.base + 1
         lost = max(-_MAX_LOST - 1, min(_MAX_LOST, expected - self.received))
         expected_interval = expected - self.expected_prior
         lost_interval = expected_interval - (self.received - self.received_prior)
@@ -68,7 +68,7 @@ class Reception:
         return _BLOCK.pack(
             self.ssrc,
             (min(fraction, 255) << 24) | (lost & 0xFFFFFF),
-            self.highest & 0xFFFFFFFF,
+            highest & 0xFFFFFFFF,
             min(int(jitter), 0xFFFFFFFF),
             lsr,
             dlsr,

@@ -57,8 +57,8 @@ def sender_report(ntp: int, ssrc: int = PEER_SSRC) -> bytes:
 
 
 def test_a_report_is_a_valid_compound_packet_rr_then_sdes_cname_and_at_the_end_bye() -> None:
-    rec = Reception(PEER_SSRC, base=100, highest=199, received=100)
-    block = rec.block(jitter=12.7, lsr=0, dlsr=0)
+    rec = Reception(PEER_SSRC, base=100, received=100)
+    block = rec.block(highest=199, jitter=12.7, lsr=0, dlsr=0)
     for bye, types in ((None, (RTCP_RR, RTCP_SDES)), (b"call ended", (RTCP_RR, RTCP_SDES, RTCP_BYE))):
         data = compound(0x1234, b"cname-xyz", (block,), bye)
         info = parse_rtcp(data)  # App. A.2's validity checks: lengths, version, padding
@@ -69,18 +69,19 @@ def test_a_report_is_a_valid_compound_packet_rr_then_sdes_cname_and_at_the_end_b
 
 
 def test_the_report_block_counts_loss_per_interval_and_in_total_as_appendix_a3() -> None:
-    rec = Reception(PEER_SSRC, base=65530, highest=65530 + 99, received=90)  # seq wraps: cycles in the top
-    first = report_block(compound(1, b"c", (rec.block(0.0, 0, 0),)))
+    rec = Reception(PEER_SSRC, base=65530, received=90)
+    highest = 65530 + 99  # seq wraps: cycles in the top
+    first = report_block(compound(1, b"c", (rec.block(highest, 0.0, 0, 0),)))
     assert (first["cumulative"], first["fraction"], first["highest"]) == (10, 25, 65530 + 99)  # 10 of 100
-    rec.highest += 100
+    highest += 100
     rec.received += 100  # the next 100 all came
-    second = report_block(compound(1, b"c", (rec.block(0.0, 0, 0),)))
+    second = report_block(compound(1, b"c", (rec.block(highest, 0.0, 0, 0),)))
     assert (second["cumulative"], second["fraction"]) == (10, 0)
     rec.received += 5  # duplicates count as received (A.3): the total falls, no fraction is lost
-    third = report_block(compound(1, b"c", (rec.block(0.0, 0, 0),)))
+    third = report_block(compound(1, b"c", (rec.block(highest, 0.0, 0, 0),)))
     assert (third["cumulative"], third["fraction"]) == (5, 0)
     rec.received += 20
-    assert report_block(compound(1, b"c", (rec.block(0.0, 0, 0),)))["cumulative"] == -15
+    assert report_block(compound(1, b"c", (rec.block(highest, 0.0, 0, 0),)))["cumulative"] == -15
 
 
 def test_intervals_are_randomized_around_the_five_second_minimum_the_first_halved() -> None:
