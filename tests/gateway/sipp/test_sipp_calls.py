@@ -352,7 +352,10 @@ async def test_malformed_sip_and_rtp_junk_are_counted_and_the_call_goes_on(
     loop = asyncio.get_running_loop()
     end = loop.time() + 10
     while not gw.media._open:
-        assert loop.time() < end
+        if call.done():
+            ended = call.result()
+            raise AssertionError(f"sipp ended before its call's media opened: {ended.stderr}{ended.errors}")
+        assert loop.time() < end, "no call's media opened within 10 s"
         await asyncio.sleep(0.02)
     media: CallMedia = next(iter(gw.media._open))
     sip_errors = {
