@@ -103,7 +103,10 @@ class Baresip(_Phone):
                     "auplay_srate 8000",
                     "ausrc_channels 1",
                     f"rtp_ports {base + 4}-{base + 23}",
-                    "rtp_timeout 0",
+                    # baresip's own no-RTP timeout, shorter than every call here: the gateway answers
+                    # recvonly and sends no RTP, which baresip must not take for a dead call (it checks
+                    # only a stream it receives on: "check_rtp: not checking (dir=sendonly)").
+                    "rtp_timeout 2",
                     "module_path /usr/lib/baresip/modules",
                     "module g711.so",
                     "module aufile.so",
