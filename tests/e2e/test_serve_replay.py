@@ -88,6 +88,9 @@ async def test_replay_of_twenty_concurrent_calls_against_the_daemon_reports_what
     assert reported == dropped if all(e["asr"] == "finished" for e in ends) else reported <= dropped
     assert s.rtp_sent == s.gateway_rtp_packets == gw.metric("ttg_rtp_packets_received_total", codec="PCMU")
     assert gw.metric("ttg_calls_total", result="admitted") == CALLS
+    # The offer's rtcp-mux was taken: each call heard the gateway's receiver reports on its RTP socket.
+    assert s.completed_without_rtcp == 0
+    assert CALLS <= s.rtcp_received <= gw.metric("ttg_rtcp_reports_sent_total")
     assert s.utterances == 2 * CALLS
     assert s.utterances_without_final is not None
     assert s.ttf_s.n + s.utterances_without_final == s.utterances

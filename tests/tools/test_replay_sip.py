@@ -150,6 +150,7 @@ def test_offer_lists_both_g711_laws_preferred_first_and_telephone_event() -> Non
     assert "m=audio 40002 RTP/AVP 8 0 101\r\n" in text
     assert "a=rtpmap:101 telephone-event/8000" in text and "a=ptime:30" in text
     assert "c=IN IP4 127.0.0.1" in text
+    assert "a=rtcp-mux\r\n" in text  # RFC 5761: the gateway's RTCP comes back to the RTP socket
 
 
 def test_answer_gives_the_first_g711_format_media_address_and_ptime() -> None:

@@ -318,7 +318,7 @@ def _p95(values: list[float]) -> float | str | None:
 
 def _merge_reports(folders: list[Path]) -> dict[str, Any]:
     calls = completed = rejected = 0
-    sent = counted = 0
+    sent = counted = rtcp = 0
     ttf: list[float] = []
     ttfp: list[float] = []
     published: list[float] = []  # TTF to the final's XADD, where the report has it
@@ -341,6 +341,7 @@ def _merge_reports(folders: list[Path]) -> dict[str, Any]:
         rejected += s["rejected"]
         sent += s.get("rtp_sent_to_reporting_calls") or 0
         counted += s.get("gateway_rtp_packets") or 0
+        rtcp += s.get("rtcp_received") or 0
         harness_cpu.append(r["harness"]["cpu_percent"])
         lateness_p99.append(r["harness"]["send_lateness_ms"]["p99"] or 0.0)
         for c in r["calls"]:
@@ -377,6 +378,7 @@ def _merge_reports(folders: list[Path]) -> dict[str, Any]:
         "ttfp_p50_s": round(float(np.percentile(ttfp, 50)), 3) if ttfp else None,
         "finals_outside": outside,
         "rtp_received_percent": round(100 * counted / sent, 1) if sent else None,
+        "rtcp_received": rtcp,  # the gateway's reports that reached the replay (rtcp_reports: it sent)
         "replay_cpu_percent": [round(x, 1) for x in harness_cpu],
         "replay_lateness_p99_ms": [round(x, 1) for x in lateness_p99],
     }

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
+from gateway.rtp.packet import is_rtcp
 from tools.replay import sipmsg
 from tools.replay.rtp import RtpStream
 from tools.replay.uac import Output, Send, UacCall
@@ -207,7 +208,8 @@ class RtpSocket:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.port: int = sock.getsockname()[1]
-        self.received = 0  # datagrams that came back (sipp -rtp_echo echoes; the gateway sends none)
+        self.received = 0  # RTP that came back (sipp -rtp_echo echoes; the gateway sends none)
+        self.rtcp_received = 0  # RTCP on the same port (rtcp-mux: the gateway's receiver reports)
         self.send_errors = 0
         self._reading = False
 
@@ -219,13 +221,16 @@ class RtpSocket:
     def _on_readable(self) -> None:
         while True:
             try:
-                self.sock.recv(2048)
+                data = self.sock.recv(2048)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:  # ICMP errors surface here on a connected socket
                 self.send_errors += 1
                 return
-            self.received += 1
+            if is_rtcp(data):
+                self.rtcp_received += 1
+            else:
+                self.received += 1
 
     def send(self, data: bytes) -> bool:
         try:

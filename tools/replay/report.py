@@ -42,6 +42,7 @@ class CallResult:
     rtp_reordered_impairment: int = 0
     rtp_send_errors: int = 0
     rtp_echoed: int = 0
+    rtcp_received: int = 0  # the gateway's RTCP packets (receiver reports) that reached the call's socket
     send_jitter_ms: float = 0.0  # RFC 3550 §6.4.1 estimator over our send times
     send_lateness_max_ms: float = 0.0
     invite_retransmits: int = 0
@@ -92,6 +93,8 @@ class Summary:
     rtp_sent: int
     rtp_send_errors: int
     rtp_echoed: int
+    rtcp_received: int
+    completed_without_rtcp: int  # completed plain calls that got none (SIPREC offers no rtcp-mux)
     calls_without_call_end: int | None
     gateway_rtp_packets: int | None  # what the gateway counted, over calls that reported it
     rtp_sent_to_reporting_calls: int  # what we sent to those same calls
@@ -280,6 +283,10 @@ def summarize(results: Sequence[CallResult], peak_active: int = 0, readback: boo
         rtp_sent=sum(c.rtp_sent for c in legs),
         rtp_send_errors=sum(c.rtp_send_errors for c in legs),
         rtp_echoed=sum(c.rtp_echoed for c in legs),
+        rtcp_received=sum(c.rtcp_received for c in legs),
+        completed_without_rtcp=sum(
+            1 for c in legs if c.outcome == "completed" and not c.leg and not c.rtcp_received
+        ),
         calls_without_call_end=(
             sum(1 for c in calls if c.setup_s is not None and not c.call_end_received) if readback else None
         ),
@@ -330,6 +337,8 @@ def summary_markdown(s: Summary) -> list[str]:
         f"partial instability {instab}; WER {wer}",
         f"- RTP packets sent {s.rtp_sent} of {s.rtp_planned} planned; send errors {s.rtp_send_errors}; "
         f"calls without call_end {_opt(s.calls_without_call_end)}",
+        f"- RTCP from the gateway (rtcp-mux): {s.rtcp_received} packets; completed calls with none "
+        f"{s.completed_without_rtcp}",
         f"- {gateway}; calls in another language than asked: {s.lang_mismatches}",
         *(
             [

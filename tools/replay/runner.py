@@ -456,7 +456,9 @@ class _Run:
         else:
             timings, reference = [], None
         if sock is not None:
-            kwargs.update(rtp_send_errors=sock.send_errors, rtp_echoed=sock.received)
+            kwargs.update(
+                rtp_send_errors=sock.send_errors, rtp_echoed=sock.received, rtcp_received=sock.rtcp_received
+            )
         if uac is not None:
             kwargs.update(invite_retransmits=uac.invite_retransmits, bye_retransmits=uac.bye_retransmits)
         if self.reader is not None and rec.setup_s is not None:

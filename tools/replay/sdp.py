@@ -29,7 +29,9 @@ class MediaAnswer:
 def build_offer(
     ip: str, rtp_port: int, first_codec: str, ptime_ms: int, session_id: int, user: str = "replay"
 ) -> bytes:
-    """Both G.711 laws (preferred one first) plus RFC 4733 telephone-event, as a PBX trunk offers."""
+    """Both G.711 laws (preferred one first) plus RFC 4733 telephone-event, as a PBX trunk offers, and
+    RTCP multiplexed on the RTP port (RFC 5761 §5.1.1), so the gateway's receiver reports come back to
+    the one socket a call has."""
     codecs = [first_codec, *(c for c in STATIC_PT if c != first_codec)]
     pts = [STATIC_PT[c] for c in codecs]
     ipver = "IP6" if ":" in ip else "IP4"
@@ -44,6 +46,7 @@ def build_offer(
         f"a=rtpmap:{TELEPHONE_EVENT_PT} telephone-event/8000",
         f"a=fmtp:{TELEPHONE_EVENT_PT} 0-16",
         f"a=ptime:{ptime_ms}",
+        "a=rtcp-mux",
         "a=sendrecv",
         "",
     ]
