@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.device.spy_summary import has_marker, main, read_raw, summarize
+from tools.device.spy_summary import has_marker, lock_waits, main, read_raw, summarize
 
 RUN = "AsrEngine._run (asr_core/engine.py:515)"
 STEP = "StreamingEncoder.step (asr_core/encoder/streaming.py:406)"
@@ -78,6 +78,24 @@ def test_one_threads_samples_by_line_by_call_and_by_the_c_functions_at_a_line() 
     assert decode[""] == 4 and decode["graph instantiated"] == 4  # once a sample, not once a frame
 
 
+TIMEDWAIT = "pthread_cond_timedwait (libc.so.6)"
+QUEUE = "Queue.get (queue.py:180)"
+
+
+def test_a_thread_waits_for_the_interpreter_lock_where_a_timed_wait_sits_right_below_its_code() -> None:
+    raw = "\n".join(
+        [
+            _sample(ENCODER, [RUN, STEP, TIMEDWAIT, "0x7f92 (libc.so.6)"], 3),  # take_gil, unnamed
+            _sample(ENCODER, [RUN, STEP, "raw_array_assign_scalar (numpy.so)", TIMEDWAIT], 2),  # numpy let go
+            _sample(ENCODER, [RUN, STEP, f"mlx::core::eval {LIB}", TIMEDWAIT], 7),  # MLX's own wait
+            _sample(RESULTS, [RUN, QUEUE, "PyThread_acquire_lock_timed (python3.12)", TIMEDWAIT], 11),  # idle
+            _sample(RESULTS, [RUN, QUEUE, "take_gil (python3.12)", TIMEDWAIT], 1),
+            _sample(RESULTS, [TIMEDWAIT], 4),  # no Python frame: not the interpreter's
+        ]
+    )
+    assert lock_waits(read_raw(raw)) == {"asr-encoder (7)": (12, 5), "asr-results (8)": (16, 1)}
+
+
 def test_the_command_prints_the_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     raw = tmp_path / "all.raw"
     raw.write_text(RAW)
@@ -86,3 +104,4 @@ def test_the_command_prints_the_tables(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert out.startswith("thread asr-encoder (7): 14 samples")
     assert "| device.py:232 | 4 (29 %) | 4 (100 %) |" in out
+    assert "| asr-results (8) | 100 | 0 (0 %) |" in out

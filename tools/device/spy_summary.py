@@ -6,6 +6,9 @@ stack below them (with `--native`).
     python3 -m tools.device.spy_summary all.raw --thread asr-encoder --under AsrEngine._run \\
         --site streaming.py:406 --site device.py:232
 
+Every thread of the profile is also listed with the share of its samples spent waiting for the
+interpreter lock (`waits_for_the_lock`): how much the process's Python threads hold each other up.
+
 A marker is a substring of a C frame (`cuGraphInstantiate`), or `A>B`: a frame with A and one below it
 (called from it) with B (`malloc_async>pthread_mutex_lock`: MLX's allocator waiting for its lock). A sample
 counts once for a marker however many of its frames match.
@@ -34,6 +37,7 @@ MARKERS: dict[str, str] = {
 }
 
 _PYTHON = re.compile(r"\.py:\d+\)$")
+_UNNAMED = re.compile(r"^0x[0-9a-f]+ ")  # a C frame py-spy found no symbol for
 _THREAD = re.compile(r"^thread \((\d+)\): (.*)$")
 
 
@@ -82,6 +86,33 @@ def has_marker(frames: Sequence[str], marker: str) -> bool:
     return False
 
 
+def waits_for_the_lock(sample: Sample) -> bool:
+    """Whether the thread was waiting to take the interpreter lock back: CPython's `take_gil` waits on a
+    condition with a timeout (the switch interval), and with the symbols py-spy finds in a release build
+    that shows as `pthread_cond_timedwait` right below Python code (or below a C extension's function that
+    let go of the lock). Python-level waits (`threading` locks, queues) show `PyThread_acquire_lock*`
+    below, and MLX's own waits `pthread_cond_wait` under MLX frames: neither counts."""
+    python = sample.python
+    native = [f for f in sample.frames[python[-1] + 1 :] if not _UNNAMED.match(f)] if python else []
+    if not native:
+        return False
+    last = native[-1]
+    return ("take_gil" in last or "pthread_cond_timedwait" in last) and not any(
+        "mlx" in f.lower() or "PyThread_acquire_lock" in f for f in native
+    )
+
+
+def lock_waits(samples: Iterable[Sample]) -> dict[str, tuple[int, int]]:
+    """thread -> (samples, of them waiting for the interpreter lock), busiest waiter first."""
+    totals: Counter[str] = Counter()
+    waits: Counter[str] = Counter()
+    for s in samples:
+        totals[s.thread] += s.count
+        if waits_for_the_lock(s):
+            waits[s.thread] += s.count
+    return {t: (totals[t], waits[t]) for t in sorted(totals, key=lambda t: -waits[t])}
+
+
 @dataclass
 class Summary:
     thread: str
@@ -89,6 +120,7 @@ class Summary:
     leaves: Counter[str]  # deepest Python frame
     under: Counter[str]  # the calls under `under` (depth levels, " > "-joined)
     sites: dict[str, Counter[str]]  # site -> marker label -> samples ("" : all samples there)
+    lock: dict[str, tuple[int, int]]  # every thread of the profile: samples, waiting for the lock
 
 
 def summarize(
@@ -99,6 +131,7 @@ def summarize(
     depth: int = 2,
     sites: Sequence[str] = (),
 ) -> Summary:
+    samples = list(samples)
     chosen = [s for s in samples if thread in s.thread]
     names = sorted({s.thread for s in chosen})
     leaves: Counter[str] = Counter()
@@ -122,7 +155,7 @@ def summarize(
                 for label, marker in MARKERS.items():
                     if has_marker(native, marker):
                         counter[label] += s.count
-    return Summary(", ".join(names), sum(s.count for s in chosen), leaves, calls, at)
+    return Summary(", ".join(names), sum(s.count for s in chosen), leaves, calls, at, lock_waits(samples))
 
 
 def render(summary: Summary, top: int = 15) -> str:
@@ -144,6 +177,9 @@ def render(summary: Summary, top: int = 15) -> str:
             here = counter[""]
             cells = [f"{counter[label]} ({100 * counter[label] / max(1, here):.0f} %)" for label in labels]
             lines.append(f"| {site} | {pct(here)} | " + " | ".join(cells) + " |")
+    lines += ["", "| thread | samples | waiting for the interpreter lock |", "| --- | --- | --- |"]
+    for name, (n, waiting) in summary.lock.items():
+        lines.append(f"| {name} | {n} | {waiting} ({100 * waiting / max(1, n):.0f} %) |")
     return "\n".join(lines)
 
 
