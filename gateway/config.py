@@ -170,7 +170,7 @@ class SipSettings(BaseModel):
         ge=0,
         description="ASR encoder utilisation (rows coming in x each row's measured step cost) at which the "
         "adaptive call limit stops growing: it rises with the streams as they come, before the lag does; "
-        "0 = the lag alone",
+        "under half of it, at first, the limit about doubles a second (slow start); 0 = the lag alone",
     )
     call_limit_start: int = Field(
         32, ge=1, description="Streams the adaptive call limit starts from, and never goes below"

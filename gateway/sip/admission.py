@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -114,6 +114,17 @@ class ConcurrencyLimit:
     - The lag under `headroom` x `target_s` while the streams up use at least `busy` of the limit: the
       limit grows by `growth` of itself a second (at least `min_step` streams a second). An unused limit
       does not grow: it is only raised on evidence that the engine keeps up with about that many.
+    - At first it grows by `start_growth` of itself a second instead (doubling, as TCP's slow start
+      opens its window before the first loss), up to the streams at which the load would reach half of
+      `max_load` as one stream adds to it now: an accelerator whose capacity is thousands of streams
+      would otherwise refuse most of a minute of calls while the limit opened from `floor` at `growth`
+      (from 32 to 2 000 at 10 % a second: 43 s). A stream's share of the load is the load over the
+      streams up `load_delay_s` before, not now: the load trails the streams let in (their audio, then
+      the rate's window), and the streams up now would make each look cheaper than it is. The start ends
+      for good once the limit reaches that many streams, or the load or the lag half of theirs (the
+      load `max_load`, the lag the growth band), or the limit is cut; without a load bound (`max_load`
+      0), or before a stream's share is known (the load measured, `floor` / 2 streams up long enough),
+      the limit grows at `growth`.
     - Nor while the engine's `load` (its utilisation by the rows coming in, `EncoderScheduler.load`)
       is at `max_load` or more: the load rises with the streams as they are admitted, where the lag
       shows an engine past its capacity only after the queues have grown, and an engine that takes
@@ -135,6 +146,8 @@ class ConcurrencyLimit:
         ceiling: int,
         *,
         growth: float = 0.1,
+        start_growth: float = 1.0,
+        load_delay_s: float = 2.0,
         min_step: float = 2.0,
         busy: float = 0.8,
         headroom: float = 0.5,
@@ -145,12 +158,15 @@ class ConcurrencyLimit:
         self.target_s = target_s
         self.floor = max(1, min(floor, ceiling))
         self.ceiling = ceiling
-        self.growth, self.min_step, self.busy, self.backoff = growth, min_step, busy, backoff
+        self.growth, self.start_growth, self.load_delay_s = growth, start_growth, load_delay_s
+        self.min_step, self.busy, self.backoff = min_step, busy, backoff
         self.headroom, self.max_load = headroom, max_load
         self.cooldown_s = cooldown_s
         self.value = float(self.floor if target_s > 0 else ceiling)
         self._at: float | None = None  # the last update
         self._cut_at = -math.inf
+        self.starting = max_load > 0  # the start's fast growth (see above) still possible
+        self._history: deque[tuple[float, int]] = deque()  # (when, streams up) over `load_delay_s`
 
     @property
     def limit(self) -> int:
@@ -162,17 +178,38 @@ class ConcurrencyLimit:
         self._at = now
         if self.target_s <= 0:
             return
+        band = self.headroom * self.target_s
+        per_stream = self._load_per_stream(load, streams, now)
+        if self.starting and (load >= self.max_load / 2 or lag_s >= band / 2):
+            self.starting = False  # near enough to what the engine takes: from here `growth` a second
         if lag_s > self.target_s:
+            self.starting = False
             if now - self._cut_at >= self.cooldown_s:
                 self.value = max(float(self.floor), min(self.value, self.backoff * streams))
                 self._cut_at = now
         elif (
-            lag_s < self.headroom * self.target_s
+            lag_s < band
             and (self.max_load <= 0 or load < self.max_load)
             and streams >= self.busy * self.value
         ):
-            step = max(self.min_step, self.growth * self.value) * dt
-            self.value = min(float(self.ceiling), self.value + step)
+            value = self.value + max(self.min_step, self.growth * self.value) * dt
+            if self.starting and per_stream is not None:
+                room = self.max_load / 2 / per_stream  # the streams that would bring half the bound
+                fast = self.value + max(self.min_step, self.start_growth * self.value) * dt
+                value = max(value, min(fast, room))
+                self.starting = value < room
+            self.value = min(float(self.ceiling), value)
+
+    def _load_per_stream(self, load: float, streams: int, now: float) -> float | None:
+        """The load one stream brings: the load now over the streams up `load_delay_s` ago (None until
+        the load is measured and at least `floor` / 2 streams were up that long ago)."""
+        self._history.append((now, streams))
+        while len(self._history) > 1 and self._history[1][0] <= now - self.load_delay_s:
+            self._history.popleft()
+        then, before = self._history[0]
+        if then > now - self.load_delay_s or load <= 0 or before < self.floor / 2:
+            return None
+        return load / before
 
 
 class Admission:

@@ -114,11 +114,13 @@ async def test_replay_of_twenty_concurrent_calls_against_the_daemon_reports_what
 async def test_a_ramp_past_the_adaptive_call_limit_is_answered_503_and_the_admitted_calls_are_whole(
     serve: Callable[..., Serve], tiny_bundle: Path, redis_url: str, tmp_path: Path
 ) -> None:
-    """A gateway whose call limit starts at 4 streams gets 12 calls in about a second: the limit opens by
-    at most 2 streams a second while it is used, so part of the ramp is refused with 503 + Retry-After
-    (counted as rejected_limit), and the calls it let in are transcribed whole."""
+    """A gateway whose call limit starts at 4 streams gets 12 calls in about a second: steered by the lag
+    alone (no load bound, so no fast start), the limit opens by at most 2 streams a second while it is
+    used, so part of the ramp is refused with 503 + Retry-After (counted as rejected_limit), and the calls
+    it let in are transcribed whole."""
     calls = 12
-    gw = serve(bundle=tiny_bundle, redis_url=redis_url, env={"TTG_SIP__CALL_LIMIT_START": "4"})
+    env = {"TTG_SIP__CALL_LIMIT_START": "4", "TTG_SIP__CALL_LIMIT_LOAD": "0"}
+    gw = serve(bundle=tiny_bundle, redis_url=redis_url, env=env)
     await asyncio.to_thread(gw.start)
     assert gw.readyz()[1]["call_limit"] == 4
     cfg = _config(gw, tmp_path, redis_url, calls=calls, cps=12, generate=2, call_id_prefix="limit")

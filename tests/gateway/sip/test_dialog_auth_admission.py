@@ -262,6 +262,59 @@ def test_the_call_limit_stops_growing_as_the_engine_nears_its_capacity_before_th
     assert off.limit == 66  # max_load 0: the lag alone
 
 
+def _ramp(limit: ConcurrencyLimit, per_stream: float, seconds: float) -> list[tuple[float, int, bool]]:
+    """Calls offered faster than the limit opens (every stream it allows is taken), and an engine whose
+    load is `per_stream` a stream, as measured: trailing the streams by 1.5 s. (when, limit, starting)
+    after each update."""
+    trace: list[tuple[float, int, bool]] = []
+    streams_at: list[int] = []
+    t = 0.0
+    while t < seconds:
+        streams = limit.limit
+        streams_at.append(streams)
+        behind = streams_at[max(0, len(streams_at) - 7)]  # 6 updates of 0.25 s before
+        limit.update(0.1, streams=streams, now=t, load=per_stream * behind)
+        trace.append((t, limit.limit, limit.starting))
+        t += 0.25
+    return trace
+
+
+def test_the_call_limit_opens_fast_at_first_while_the_engine_is_far_from_its_capacity() -> None:
+    # An H200's engines carry 2 000 streams at a load near 0.8: at 10 % a second from 32 the limit would
+    # answer most of a minute of calls 503 before it got there (slow start, as TCP's).
+    limit = ConcurrencyLimit(target_s=1.0, floor=32, ceiling=5000, max_load=0.8)
+    trace = _ramp(limit, per_stream=0.8 / 2000, seconds=20.0)
+    reached = {n: next(t for t, v, _ in trace if v >= n) for n in (500, 1800)}
+    assert reached[500] <= 5.0  # about doubling a second once a stream's share is known (2 s)...
+    assert not limit.starting  # ...then the usual 10 % a second from a third of the way or more
+    assert reached[1800] <= 17.0
+    slow = ConcurrencyLimit(target_s=1.0, floor=32, ceiling=5000, max_load=0.8, start_growth=0.1)
+    assert _ramp(slow, per_stream=0.8 / 2000, seconds=20.0)[-1][1] < 250  # 10 % alone: ~200 by then
+
+
+def test_the_fast_start_stops_where_a_stream_s_measured_share_puts_half_the_load_bound() -> None:
+    # A 2-core CPU: the load reaches 0.8 at ~115 streams. Each stream's share is taken from the streams
+    # up before the load could show them, so the start stops near 57, not at twice that.
+    limit = ConcurrencyLimit(target_s=1.0, floor=32, ceiling=5000, max_load=0.8)
+    trace = _ramp(limit, per_stream=0.8 / 115, seconds=6.0)
+    ended = next(v for _, v, starting in trace if not starting)
+    assert 45 <= ended <= 62 and not limit.starting
+
+
+def test_the_fast_start_ends_at_a_lag_of_a_quarter_of_the_target_or_a_cut() -> None:
+    lagging = ConcurrencyLimit(target_s=1.0, floor=32, ceiling=5000, max_load=0.8)
+    lagging.update(0.3, streams=32, now=0.0, load=0.05)
+    lagging.update(0.1, streams=32, now=1.0, load=0.05)
+    assert not lagging.starting and lagging.limit == 35  # a lag of 0.3 s: not far from capacity
+    cut = ConcurrencyLimit(target_s=1.0, floor=32, ceiling=5000, max_load=0.8)
+    cut.value = 400.0
+    cut.update(1.5, streams=400, now=0.0, load=0.05)
+    cut.update(0.1, streams=360, now=1.0, load=0.05)
+    assert not cut.starting and cut.limit == 396  # cut to 360, then +10 %
+    lag_only = ConcurrencyLimit(target_s=1.0, floor=32, ceiling=5000, max_load=0.0)
+    assert not lag_only.starting  # no load bound: the lag alone trails a fast start
+
+
 def test_the_call_limit_is_cut_back_when_the_engine_falls_behind_and_holds_its_bounds() -> None:
     limit = ConcurrencyLimit(target_s=1.0, floor=8, ceiling=100, cooldown_s=2.0)
     limit.value = 90.0
