@@ -116,18 +116,20 @@ def test_a_sentence_most_calls_transcribe_but_one_call_does_not_is_named_with_th
 
 
 def test_the_machine_s_busy_cores_are_its_busy_jiffies_share_times_its_cores() -> None:
-    """Four cores: 2 s of samples with 600 of 800 jiffies busy is 3 cores on average; the busiest
-    second (350 of 400) 3.5; the runnable tasks' mean and maximum as sampled."""
+    """Four cores: 2 s of samples with 600 of 800 jiffies busy is 3 cores on average, 100 of them stolen
+    by the hypervisor half a core; the busiest second (350 of 400) 3.5; the runnable tasks' mean and
+    maximum as sampled."""
     samples = [
-        {"t": 0.0, "machine": (1000, 2000, 3)},
-        {"t": 1.0, "machine": (1250, 2400, 5)},
-        {"t": 2.0, "machine": (1600, 2800, 4)},
+        {"t": 0.0, "machine": (1000, 2000, 3, 10)},
+        {"t": 1.0, "machine": (1250, 2400, 5, 60)},
+        {"t": 2.0, "machine": (1600, 2800, 4, 110)},
         {"t": 2.5},  # a sample without /proc/stat does not count
     ]
     assert machine_window(samples, ncpu=4) == {
         "machine_cores": 4,
         "machine_busy_cores_mean": 3.0,
         "machine_busy_cores_max": 3.5,
+        "machine_steal_cores_mean": 0.5,
         "runnable_mean": 4.0,
         "runnable_max": 5,
     }
@@ -137,5 +139,6 @@ def test_the_machine_s_busy_cores_are_its_busy_jiffies_share_times_its_cores() -
 def test_this_machine_s_proc_stat_gives_busy_within_total_and_a_runnable_count() -> None:
     sample = _machine()
     assert sample is not None
-    busy, total, runnable = sample
+    busy, total, runnable, steal = sample
     assert 0 < busy < total and runnable >= 1  # this test itself is running
+    assert 0 <= steal <= busy

@@ -117,10 +117,11 @@ def _cpu_ticks(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _machine() -> tuple[int, int, int] | None:
-    """The whole machine (Linux /proc/stat): busy and total jiffies of all CPUs, and the tasks runnable
-    now (running or waiting for a core): with the load generator on the same machine, whether the
-    cores ran short is a property of the machine, not of any one process."""
+def _machine() -> tuple[int, int, int, int] | None:
+    """The whole machine (Linux /proc/stat): busy and total jiffies of all CPUs, the tasks runnable
+    now (running or waiting for a core), and the jiffies the hypervisor gave the vCPUs to others
+    (steal; within busy): with the load generator on the same machine, whether the cores ran short is
+    a property of the machine, not of any one process, and on a shared host of its neighbours too."""
     try:
         lines = Path("/proc/stat").read_text().splitlines()
     except OSError:
@@ -128,22 +129,25 @@ def _machine() -> tuple[int, int, int] | None:
     jiffies = [int(x) for x in lines[0].split()[1:]]
     idle = jiffies[3] + (jiffies[4] if len(jiffies) > 4 else 0)  # idle + iowait
     runnable = next((int(line.split()[1]) for line in lines if line.startswith("procs_running ")), 0)
-    return sum(jiffies[:8]) - idle, sum(jiffies[:8]), runnable
+    steal = jiffies[7] if len(jiffies) > 7 else 0
+    return sum(jiffies[:8]) - idle, sum(jiffies[:8]), runnable, steal
 
 
 def machine_window(samples: list[dict[str, Any]], ncpu: int) -> dict[str, Any]:
-    """Busy cores of the whole machine (mean over the samples' span, and the busiest one-sample step)
-    and the runnable tasks (mean, max); {} without two samples that have /proc/stat."""
+    """Busy cores of the whole machine (mean over the samples' span, and the busiest one-sample step),
+    of them stolen by the hypervisor (mean), and the runnable tasks (mean, max); {} without two samples
+    that have /proc/stat."""
     have = [s["machine"] for s in samples if s.get("machine")]
     if len(have) < 2:
         return {}
     steps = [ncpu * (b[0] - a[0]) / (b[1] - a[1]) for a, b in itertools.pairwise(have) if b[1] > a[1]]
-    (busy0, total0, _), (busy1, total1, _) = have[0], have[-1]
-    runnable = [r for _, _, r in have]
+    (busy0, total0, _, steal0), (busy1, total1, _, steal1) = have[0], have[-1]
+    runnable = [m[2] for m in have]
     return {
         "machine_cores": ncpu,
         "machine_busy_cores_mean": round(ncpu * (busy1 - busy0) / max(1, total1 - total0), 2),
         "machine_busy_cores_max": round(max(steps), 2) if steps else None,
+        "machine_steal_cores_mean": round(ncpu * (steal1 - steal0) / max(1, total1 - total0), 2),
         "runnable_mean": round(float(np.mean(runnable)), 1),
         "runnable_max": max(runnable),
     }
@@ -563,7 +567,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
         if "machine_busy_cores_mean" in r:
             cpu += (
                 f"; machine {r['machine_busy_cores_mean']} (max {r['machine_busy_cores_max']}) of "
-                f"{r['machine_cores']} cores busy, {r['runnable_mean']} (max {r['runnable_max']}) runnable"
+                f"{r['machine_cores']} cores busy (stolen {r.get('machine_steal_cores_mean', '-')}), "
+                f"{r['runnable_mean']} (max {r['runnable_max']}) runnable"
             )
         gpu = f"{r['gpu_util_mean']:.0f} / {r['gpu_util_max']:.0f}" if "gpu_util_mean" in r else "-"
         missing = ""
