@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -38,7 +36,7 @@ from gateway.audio import g711
 from gateway.audio.pipeline import AudioBlock, AudioPipeline
 from gateway.config import RtpSettings
 from tests.fixtures import peers
-from tests.fixtures.telephony import SippResult, free_sip_port, run_sipp
+from tests.fixtures.telephony import SippResult, free_sip_port, port_block, run_sipp
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"
@@ -60,35 +58,6 @@ def free_tcp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-# Ports these tests bind explicitly (the daemon's RTP range, sipp's SIP and RTP ports, the replay's RTP)
-# come from 20000-32767: below the kernel's ephemeral range (32768+), where nothing else on the machine
-# lands by chance, and below the ranges other test areas pick (32000+ for sipp gateways, 42000+ for
-# receivers). Blocks rotate from a random start, and a block is used only if all of it binds.
-_BAND = (20000, 32767)
-_BLOCK = 256
-_blocks = itertools.count(random.randrange((_BAND[1] - _BAND[0]) // _BLOCK))
-
-
-def port_block(size: int, *, tcp: bool = False) -> int:
-    """The first port (even) of `size` consecutive UDP ports that are free now (and TCP ports with
-    `tcp`: a peer that listens on both cannot bind over a connection still in TIME-WAIT)."""
-    assert size <= _BLOCK
-    n_blocks = (_BAND[1] - _BAND[0]) // _BLOCK
-    kinds = (socket.SOCK_DGRAM, socket.SOCK_STREAM) if tcp else (socket.SOCK_DGRAM,)
-    for _ in range(n_blocks):
-        base = _BAND[0] + (next(_blocks) % n_blocks) * _BLOCK
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(base, base + size):
-                    for kind in kinds:
-                        sock = stack.enter_context(socket.socket(socket.AF_INET, kind))
-                        sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return base
-    raise RuntimeError(f"no {size} free UDP ports in {_BAND}")
 
 
 def rtp_range(pairs: int = 100) -> tuple[int, int]:
