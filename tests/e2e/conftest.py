@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -55,9 +54,8 @@ def _daemon_peers() -> None:
 
 
 def free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for the daemon's HTTP or a peer's control socket, from the tests' band (`free_sip_port`)."""
+    return port_block(1, tcp=True)
 
 
 def rtp_range(pairs: int = 100) -> tuple[int, int]:
