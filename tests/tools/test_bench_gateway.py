@@ -8,7 +8,19 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tools.bench.gateway import _daemon_env, _machine, _merge_reports, add_arguments, machine_window
+from prometheus_client import REGISTRY, generate_latest
+
+from gateway.metrics import init_metrics
+from tools.bench.gateway import (
+    ADMISSION_SERIES,
+    _daemon_env,
+    _machine,
+    _merge_reports,
+    add_arguments,
+    admission_window,
+    machine_window,
+    read_series,
+)
 
 
 def _report(folder: Path, utterances: list[dict[str, Any]], call_id: str = "c0", **more: int) -> Path:
@@ -142,3 +154,40 @@ def test_this_machine_s_proc_stat_gives_busy_within_total_and_a_runnable_count()
     busy, total, runnable, steal = sample
     assert 0 < busy < total and runnable >= 1  # this test itself is running
     assert 0 <= steal <= busy
+
+
+def test_the_admission_series_sampled_each_second_are_the_gateways_own() -> None:
+    """Each name the bench reads from /metrics is one the daemon exports (a renamed metric would leave
+    the timeline empty, not fail the run)."""
+    init_metrics()
+    page = generate_latest(REGISTRY).decode()
+    assert sorted(read_series(page, ADMISSION_SERIES)) == sorted(ADMISSION_SERIES)
+
+
+def test_a_levels_admission_timeline_counts_503s_from_its_start_and_keeps_the_extremes() -> None:
+    def sample(
+        t: float, active: float, limit: float, load: float, lag: float, refused: float
+    ) -> dict[str, Any]:
+        values = (active, limit, load, lag, refused)
+        return {"t": t, "series": dict(zip(ADMISSION_SERIES, values, strict=True))}
+
+    level = admission_window(
+        [
+            sample(100.0, 0, 32, 0.0, 0.0, 40),  # 40 refused in an earlier level
+            {"t": 101.0, "cpu": {}},  # /metrics not answering that second
+            sample(102.0, 30, 64, 0.2, 0.1, 45),
+            sample(103.0, 60, 120, 0.5, 0.4, 70),
+            sample(104.0, 58, 110, 0.9, 0.2, 90),
+        ]
+    )
+    assert level["admission_timeline"][1] == [2.0, 30, 64, 0.2, 0.1, 5]
+    assert level["admission"] == {
+        "active_calls_max": 60,
+        "call_limit_first": 32,
+        "call_limit_max": 120,
+        "call_limit_last": 110,
+        "engine_load_max": 0.9,
+        "engine_lag_max_s": 0.4,
+        "refused_503": 50,
+    }
+    assert admission_window([{"t": 1.0, "cpu": {}}]) == {}

@@ -26,7 +26,10 @@ nothing for it, which loses no final (the random benchmark bundle does so for a 
 partial without a final, or dropped chunks, would be a loss). RTP packets the gateway counted
 over those sent; encoder batch size, step time and steps per second, decoder step time and dropped
 chunks from /metrics deltas; mean CPU of each
-process (% of one core) and the GPU's mean/peak utilisation over the level.
+process (% of one core) and the GPU's mean/peak utilisation over the level. The daemon's /metrics is
+also read every second for admission (`ADMISSION_SERIES`: calls up, the adaptive call limit, the
+engine's load and lag, INVITEs answered 503): each level's timeline goes into summary.json
+(`admission_timeline`), its extremes into summary.md — how a burst met the call limit, second by second.
 """
 
 from __future__ import annotations
@@ -186,6 +189,7 @@ class Sampler:
     daemon: int
     others: dict[str, int] = field(default_factory=dict)
     root_name: str = "gateway"
+    metrics_url: str | None = None  # the daemon's /metrics: its admission series each second too
     period: float = 1.0
     samples: list[dict[str, Any]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -220,6 +224,9 @@ class Sampler:
                 if ticks is not None:
                     cpu[name] = ticks
             sample: dict[str, Any] = {"t": t, "cpu": cpu, "machine": _machine()}
+            if self.metrics_url:
+                with contextlib.suppress(OSError, ValueError):
+                    sample["series"] = read_series(_get(self.metrics_url, 2.0), ADMISSION_SERIES)
             if smi:
                 with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
                     out = subprocess.run(
@@ -244,6 +251,7 @@ class Sampler:
                 if name in a["cpu"] and dt > 0:
                     out["cpu_percent"][name] = round(100 * (v - a["cpu"][name]) / dt, 1)
         out.update(machine_window(inside, os.cpu_count() or 1))
+        out.update(admission_window(inside))
         gpu = [s["gpu_util"] for s in inside if "gpu_util" in s]
         if gpu:
             out["gpu_util_mean"] = round(float(np.mean(gpu)), 1)
@@ -286,6 +294,66 @@ def scrape(url: str, wanted: tuple[str, ...] = ENGINE_METRICS) -> dict[str, floa
                 key = s.name + ("" if not label else "{" + label + "}")
                 out[key] = out.get(key, 0.0) + float(s.value)
     return out
+
+
+# What admission did, second by second: the calls up, the adaptive call limit, the engine's load and
+# lag it is set from, and the INVITEs answered 503 (cumulative).
+ADMISSION_SERIES = (
+    "ttg_active_calls",
+    "ttg_call_limit",
+    "ttg_engine_load",
+    "ttg_engine_lag_seconds",
+    "ttg_sip_responses_total{503}",
+)
+
+
+def read_series(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """The values of the named series in a /metrics page: `name` for an unlabelled one, `name{v}` for
+    the one whose only label has the value v."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = list(s.labels.values())
+            key = s.name if not labels else f"{s.name}{{{labels[0]}}}" if len(labels) == 1 else ""
+            if key in names:
+                out[key] = float(s.value)
+    return out
+
+
+def admission_window(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The admission series over a level: a timeline (seconds from the first sample, then the series in
+    ADMISSION_SERIES' order, 503s counted from the level's start) and its extremes; {} where the
+    daemon's /metrics was not read."""
+    have = [s for s in samples if s.get("series")]
+    if not have:
+        return {}
+    t0 = have[0]["t"]
+    refused0 = have[0]["series"].get("ttg_sip_responses_total{503}", 0.0)
+    timeline = []
+    for s in have:
+        values = [s["series"].get(name) for name in ADMISSION_SERIES]
+        if values[-1] is not None:
+            values[-1] -= refused0
+        timeline.append([round(s["t"] - t0, 1), *(None if v is None else round(v, 3) for v in values)])
+
+    def column(i: int) -> list[float]:
+        return [row[i + 1] for row in timeline if row[i + 1] is not None]
+
+    active, limit, load, lag, refused = (column(i) for i in range(len(ADMISSION_SERIES)))
+    return {
+        "admission": {
+            "active_calls_max": int(max(active)) if active else None,
+            "call_limit_first": int(limit[0]) if limit else None,
+            "call_limit_max": int(max(limit)) if limit else None,
+            "call_limit_last": int(limit[-1]) if limit else None,
+            "engine_load_max": max(load, default=None),
+            "engine_lag_max_s": max(lag, default=None),
+            "refused_503": int(refused[-1]) if refused else None,
+        },
+        "admission_timeline": timeline,
+    }
 
 
 def _engine_numbers(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, Any]:
@@ -592,6 +660,21 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _admission_lines(rows: list[dict[str, Any]]) -> str:
+    """Per level, what admission did (`admission_window`); the timeline itself is in summary.json."""
+    lines = []
+    for r in rows:
+        a = r.get("admission")
+        if a:
+            lines.append(
+                f"- {r['level']} calls: up at most {a['active_calls_max']}; call limit "
+                f"{a['call_limit_first']} -> {a['call_limit_last']} (max {a['call_limit_max']}); engine load "
+                f"max {a['engine_load_max']}, lag max {a['engine_lag_max_s']} s; INVITEs answered 503: "
+                f"{a['refused_503']}"
+            )
+    return "\n".join(lines)
+
+
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -628,7 +711,9 @@ def main(args: argparse.Namespace) -> int:
             [args.python, "-m", "gateway.cli", "serve"],
             cwd=args.repo, env=env, stdout=serve_log.open("wb"), stderr=subprocess.STDOUT,
         )  # fmt: skip
-        sampler = Sampler(serve.pid, {"redis-server": redis.pid})
+        sampler = Sampler(
+            serve.pid, {"redis-server": redis.pid}, metrics_url=f"http://{args.host}:{args.http_port}/metrics"
+        )
         sampler.start()
         rows: list[dict[str, Any]] = []
         try:
@@ -666,12 +751,14 @@ def main(args: argparse.Namespace) -> int:
             summary["levels"] = rows
             (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     table = _table(rows)
+    admission = _admission_lines(rows)
     (args.out / "summary.md").write_text(
         f"command: `{summary['command']}`\n\nload before/after: {summary['load_before']} / "
-        f"{summary['load_after']}\n\n{table}\n\nexit status {summary['exit_status']}, abort marks in "
-        f"the log: {summary['abort_in_log'] or 'none'}\n"
+        f"{summary['load_after']}\n\n{table}\n\nadmission (sampled each second):\n{admission}\n\n"
+        f"exit status {summary['exit_status']}, abort marks in the log: {summary['abort_in_log'] or 'none'}\n"
     )
     print(table)
+    print(admission)
     print(
         f"daemon exit status {summary['exit_status']}; "
         f"abort marks in the log: {summary['abort_in_log'] or 'none'}"
