@@ -35,7 +35,8 @@ from gateway.audio import g711
 from gateway.audio.pipeline import AudioBlock, AudioPipeline
 from gateway.config import RtpSettings
 from tests.fixtures import peers
-from tests.fixtures.telephony import SippResult, free_sip_port, port_block, run_sipp
+from tests.fixtures.ports import free_port, port_block
+from tests.fixtures.telephony import SippResult, run_sipp
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"
@@ -51,11 +52,6 @@ def _daemon_peers() -> None:
 
 
 # --- ports ----------------------------------------------------------------------------------------------
-
-
-def free_tcp_port() -> int:
-    """A port for the daemon's HTTP or a peer's control socket, from the tests' band (`free_sip_port`)."""
-    return port_block(1, tcp=True)
 
 
 def rtp_range(pairs: int = 100) -> tuple[int, int]:
@@ -101,8 +97,8 @@ class Serve:
         }
         self.args = list(args)
         self.max_calls = max_calls
-        self.sip_port = free_sip_port()
-        self.http_port = free_tcp_port()
+        self.sip_port = free_port()
+        self.http_port = free_port()
         self.rtp_ports = rtp_range()
         self.log_path = self.workdir / "serve.log"
         self.proc: subprocess.Popen[bytes] | None = None

@@ -23,8 +23,9 @@ import numpy as np
 import soundfile as sf
 
 from gateway.sink.audit import audit, read_stream
-from tests.e2e.conftest import REPO, STREAM, Serve, espeak_8k, free_tcp_port, port_block, terminate, until
+from tests.e2e.conftest import REPO, STREAM, Serve, espeak_8k, terminate, until
 from tests.fixtures.peers import tool
+from tests.fixtures.ports import free_port, port_block
 
 KAMAILIO_CFG = REPO / "ops" / "kamailio" / "kamailio.cfg"
 
@@ -89,7 +90,7 @@ class Baresip(_Phone):
         self.binary = tool("baresip")
         base = port_block(24, tcp=True)  # SIP (UDP/TCP) at base, TLS at base+1 (libre's default), RTP after
         self.sip_port = base
-        self.ctrl_port = free_tcp_port()
+        self.ctrl_port = free_port()
         (self.workdir / "config").write_text(
             "\n".join(
                 [

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from gateway.sink.audit import audit, read_stream
-from tests.e2e.conftest import REPO, STREAM, Serve, Speech, port_block, until
+from tests.e2e.conftest import REPO, STREAM, Serve, Speech, until
 from tests.e2e.peers import Kamailio
+from tests.fixtures.ports import port_block
 from tests.fixtures.telephony import SippResult, run_sipp
 
 pytestmark = [pytest.mark.sipp, pytest.mark.redis, pytest.mark.slow]

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO, Serve, port_block
+from tests.e2e.conftest import REPO, Serve
 from tests.fixtures.peers import tool
+from tests.fixtures.ports import port_block
 
 pytestmark = [pytest.mark.slow]
 

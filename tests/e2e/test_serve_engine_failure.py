@@ -24,12 +24,11 @@ from tests.e2e.conftest import (
     DATA,
     STREAM,
     Speech,
-    free_sip_port,
-    free_tcp_port,
     rtp_range,
     sipp_calls,
     until,
 )
+from tests.fixtures.ports import free_port
 
 pytestmark = [pytest.mark.sipp, pytest.mark.redis]
 
@@ -72,9 +71,9 @@ async def test_an_engine_failure_ends_every_call_and_exits_with_status_1(
     lo, hi = rtp_range()
     settings = Settings(
         model={"dir": str(tiny_bundle)},
-        sip={"host": "127.0.0.1", "port": free_sip_port()},
+        sip={"host": "127.0.0.1", "port": free_port()},
         rtp={"host": "127.0.0.1", "port_min": lo, "port_max": hi},
-        http={"host": "127.0.0.1", "port": free_tcp_port()},
+        http={"host": "127.0.0.1", "port": free_port()},
         redis={"url": redis_url},
         sink={"spool_dir": str(tmp_path / "spool")},
     )

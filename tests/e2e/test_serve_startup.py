@@ -26,7 +26,8 @@ from gateway.daemon import (
 )
 from gateway.events import CallEvent
 from gateway.logs import OneLineFormatter
-from tests.e2e.conftest import PROCESS_MODES, REPO, Serve, free_sip_port, free_tcp_port
+from tests.e2e.conftest import PROCESS_MODES, REPO, Serve
+from tests.fixtures.ports import free_port
 from tests.fixtures.telephony import MemoryPublisher
 
 
@@ -35,8 +36,8 @@ def run_serve(
 ) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable, "-m", "gateway", "serve",
-        "--sip-host", "127.0.0.1", "--sip-port", str(free_sip_port()), "--rtp-host", "127.0.0.1",
-        "--http-port", str(free_tcp_port()), "--spool-dir", str(tmp_path / "spool"),
+        "--sip-host", "127.0.0.1", "--sip-port", str(free_port()), "--rtp-host", "127.0.0.1",
+        "--http-port", str(free_port()), "--spool-dir", str(tmp_path / "spool"),
         "--redis-url", "redis://127.0.0.1:1/0", *args,
     ]  # fmt: skip
     base = Serve(tmp_path, bundle="", redis_url="", mode=mode).env

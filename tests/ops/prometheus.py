@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -15,12 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fixtures import peers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.fixtures.ports import free_port
 
 
 class PrometheusServer:

@@ -19,7 +19,8 @@ import pytest
 import redis
 
 from gateway.events import CallEvent, to_fields
-from tests.fixtures.replay import SippUas, free_udp_port, write_burst_wav
+from tests.fixtures.ports import free_port
+from tests.fixtures.replay import SippUas, write_burst_wav
 from tools.replay import LoadConfig, MediaConfig, ReplayConfig, ReplayError, run_replay_async
 from tools.replay import cli as replay_cli
 
@@ -157,7 +158,7 @@ async def test_an_unreachable_redis_is_a_clear_error_before_any_call(audio_dir: 
     cfg = ReplayConfig(
         target=("127.0.0.1", 5060),
         audio_dir=audio_dir,
-        redis_url=f"redis://127.0.0.1:{free_udp_port()}/0",
+        redis_url=f"redis://127.0.0.1:{free_port()}/0",
         metrics_url=None,
     )
     with pytest.raises(ReplayError, match="not reachable"):
@@ -284,7 +285,7 @@ async def test_the_scraper_follows_a_live_metrics_endpoint() -> None:
 async def test_an_unreachable_metrics_endpoint_is_counted_not_fatal() -> None:
     from tools.replay.scrape import MetricsScraper
 
-    scraper = MetricsScraper(f"http://127.0.0.1:{free_udp_port()}/metrics", 0.05, time.monotonic)
+    scraper = MetricsScraper(f"http://127.0.0.1:{free_port()}/metrics", 0.05, time.monotonic)
     import aiohttp
 
     async with aiohttp.ClientSession() as session:

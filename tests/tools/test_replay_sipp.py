@@ -172,10 +172,10 @@ async def test_a_pcma_answer_over_tcp_gets_pcma_packets(
 
 
 async def test_nothing_listening_at_the_target_fails_the_calls_with_timer_b(audio_dir: Path) -> None:
-    from tests.fixtures.replay import free_udp_port
+    from tests.fixtures.ports import free_port
 
     cfg = ReplayConfig(
-        target=("127.0.0.1", free_udp_port()),
+        target=("127.0.0.1", free_port()),
         audio_dir=audio_dir,
         load=LoadConfig(calls=1),
         redis_url=None,
