@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -72,27 +73,44 @@ class Deadline:
 # --- ports and processes -----------------------------------------------------------------------------
 
 
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(*kinds: int, even: bool = False, span: int = 1) -> int:
+    """The first of `span` consecutive loopback ports free now for each socket kind (TCP when none is
+    given), the first even with `even`. Picked below the kernel's ephemeral range: a port it hands out
+    as free (bind to 0) is one that any outgoing connection, such as the gateway's Redis clients, may
+    take before the process it was meant for binds it."""
+    kinds = kinds or (socket.SOCK_STREAM,)
+    top = min(_ephemeral_low(), 32768) - span
+    bottom = 16384 if top > 16384 + 1024 else 1024  # an ephemeral range moved down: what is left below it
+    for _ in range(200 if top > bottom else 0):
+        port = random.randrange(bottom, top)
+        if even:
+            port -= port % 2
+        with contextlib.ExitStack() as held:
+            try:
+                for p in range(port, port + span):
+                    for kind in kinds:
+                        held.enter_context(socket.socket(socket.AF_INET, kind)).bind(("127.0.0.1", p))
+            except OSError:
+                continue
+            return port
+    raise DemoError("no free loopback port below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux); elsewhere at least 49152."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return 49152
 
 
 def free_sip_port() -> int:
-    for _ in range(100):
-        port = free_port(socket.SOCK_DGRAM)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t, contextlib.suppress(OSError):
-            t.bind(("127.0.0.1", port))
-            return port
-    raise DemoError("no free port for SIP on 127.0.0.1")
+    """A port free over UDP and TCP: the gateway listens for SIP on both."""
+    return free_port(socket.SOCK_DGRAM, socket.SOCK_STREAM)
 
 
 def free_even_udp_port() -> int:
-    for _ in range(100):
-        port = free_port(socket.SOCK_DGRAM)
-        if port % 2 == 0 and port < 65000:
-            return port
-    raise DemoError("no free even UDP port for the caller's RTP")
+    """The caller's RTP port: even, with the three above it free (sipp binds them too)."""
+    return free_port(socket.SOCK_DGRAM, even=True, span=4)
 
 
 @dataclass
