@@ -21,10 +21,8 @@ import argparse
 import contextlib
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from tools.ports import free_port, port_block
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TEXT = (
@@ -71,46 +71,6 @@ class Deadline:
 
 
 # --- ports and processes -----------------------------------------------------------------------------
-
-
-def free_port(*kinds: int, even: bool = False, span: int = 1) -> int:
-    """The first of `span` consecutive loopback ports free now for each socket kind (TCP when none is
-    given), the first even with `even`. Picked below the kernel's ephemeral range: a port it hands out
-    as free (bind to 0) is one that any outgoing connection, such as the gateway's Redis clients, may
-    take before the process it was meant for binds it."""
-    kinds = kinds or (socket.SOCK_STREAM,)
-    top = min(_ephemeral_low(), 32768) - span
-    bottom = 16384 if top > 16384 + 1024 else 1024  # an ephemeral range moved down: what is left below it
-    for _ in range(200 if top > bottom else 0):
-        port = random.randrange(bottom, top)
-        if even:
-            port -= port % 2
-        with contextlib.ExitStack() as held:
-            try:
-                for p in range(port, port + span):
-                    for kind in kinds:
-                        held.enter_context(socket.socket(socket.AF_INET, kind)).bind(("127.0.0.1", p))
-            except OSError:
-                continue
-            return port
-    raise DemoError("no free loopback port below the ephemeral range")
-
-
-def _ephemeral_low() -> int:
-    """The lowest port of the kernel's ephemeral range (Linux); elsewhere at least 49152."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    return 49152
-
-
-def free_sip_port() -> int:
-    """A port free over UDP and TCP: the gateway listens for SIP on both."""
-    return free_port(socket.SOCK_DGRAM, socket.SOCK_STREAM)
-
-
-def free_even_udp_port() -> int:
-    """The caller's RTP port: even, with the three above it free (sipp binds them too)."""
-    return free_port(socket.SOCK_DGRAM, even=True, span=4)
 
 
 @dataclass
@@ -364,7 +324,7 @@ def call_with_sipp(sip_port: int, speech: Speech, workdir: Path, deadline: Deadl
     call_id = f"ttg-demo-{os.getpid()}@127.0.0.1"
     cmd = [
         shutil.which("sipp") or "sipp", f"127.0.0.1:{sip_port}", "-sf", str(scenario), "-m", "1",
-        "-i", "127.0.0.1", "-p", str(free_sip_port()), "-mi", "127.0.0.1", "-mp", str(free_even_udp_port()),
+        "-i", "127.0.0.1", "-p", str(free_port()), "-mi", "127.0.0.1", "-mp", str(port_block(4)),
         "-cid_str", call_id,
         "-timeout", f"{int(deadline.left('placing the call'))}s", "-timeout_error", "-nostdin",
         "-trace_err", "-error_file", str(workdir / "sipp_errors.log"),
@@ -467,8 +427,7 @@ def _run(args: argparse.Namespace, caller: str, deadline: Deadline, tmp: Path, p
     say("1/5 redis", f"redis-server (pid {procs[0].popen.pid}) answers on 127.0.0.1:{redis_port}")
 
     # 2. the gateway
-    sip_port, http_port = free_sip_port(), free_port()
-    rtp_min = 20000 + 2 * (os.getpid() % 4000)
+    sip_port, http_port, rtp_min = free_port(), free_port(), port_block(100)
     say("2/5 gateway", f"starting `ttg serve` (SIP 127.0.0.1:{sip_port}, HTTP 127.0.0.1:{http_port}) ...")
     t0 = time.monotonic()
     gateway = start_gateway(

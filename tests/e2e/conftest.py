@@ -35,8 +35,8 @@ from gateway.audio import g711
 from gateway.audio.pipeline import AudioBlock, AudioPipeline
 from gateway.config import RtpSettings
 from tests.fixtures import peers
-from tests.fixtures.ports import free_port, port_block
 from tests.fixtures.telephony import SippResult, run_sipp
+from tools.ports import free_port, port_block
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"

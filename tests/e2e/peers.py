@@ -25,7 +25,7 @@ import soundfile as sf
 from gateway.sink.audit import audit, read_stream
 from tests.e2e.conftest import REPO, STREAM, Serve, espeak_8k, terminate, until
 from tests.fixtures.peers import tool
-from tests.fixtures.ports import free_port, port_block
+from tools.ports import free_port, port_block
 
 KAMAILIO_CFG = REPO / "ops" / "kamailio" / "kamailio.cfg"
 

@@ -17,8 +17,8 @@ import pytest
 from gateway.sink.audit import audit, read_stream
 from tests.e2e.conftest import REPO, STREAM, Serve, Speech, until
 from tests.e2e.peers import Kamailio
-from tests.fixtures.ports import port_block
 from tests.fixtures.telephony import SippResult, run_sipp
+from tools.ports import port_block
 
 pytestmark = [pytest.mark.sipp, pytest.mark.redis, pytest.mark.slow]
 

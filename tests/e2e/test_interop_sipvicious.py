@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.conftest import REPO, Serve
 from tests.fixtures.peers import tool
-from tests.fixtures.ports import port_block
+from tools.ports import port_block
 
 pytestmark = [pytest.mark.slow]
 

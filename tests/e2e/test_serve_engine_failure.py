@@ -28,7 +28,7 @@ from tests.e2e.conftest import (
     sipp_calls,
     until,
 )
-from tests.fixtures.ports import free_port
+from tools.ports import free_port
 
 pytestmark = [pytest.mark.sipp, pytest.mark.redis]
 

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.sink.audit import audit, read_stream
 from tests.e2e.conftest import STREAM, Serve
-from tests.fixtures.ports import port_block
+from tools.ports import port_block
 from tools.replay import LoadConfig, MediaConfig, ReplayConfig, run_replay_async
 
 pytestmark = [pytest.mark.sipp, pytest.mark.redis, pytest.mark.slow]

@@ -28,7 +28,7 @@ from asr_core.model import AsrModel
 from gateway.rtp.sender import RtpSender
 from gateway.sink.audit import audit, read_stream
 from tests.e2e.conftest import STREAM, Serve, Speech, gateway_pcm, until
-from tests.fixtures.ports import port_block
+from tools.ports import port_block
 from tools.replay import LoadConfig, MediaConfig, ReplayConfig, run_replay_async, sdp, sipmsg
 from tools.replay.siprec import VENDORS, build_offer
 from tools.transcribe import transcribe

@@ -27,8 +27,8 @@ from gateway.daemon import (
 from gateway.events import CallEvent
 from gateway.logs import OneLineFormatter
 from tests.e2e.conftest import PROCESS_MODES, REPO, Serve
-from tests.fixtures.ports import free_port
 from tests.fixtures.telephony import MemoryPublisher
+from tools.ports import free_port
 
 
 def run_serve(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fixtures import peers
-from tests.fixtures.ports import free_port
+from tools.ports import free_port
 
 
 class PrometheusServer:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
-from tests.fixtures.ports import free_port
 from tools.bench.gateway import scrape
 from tools.bench.ttf import INSIDE_METRICS, inside_the_gateway
+from tools.ports import free_port
 
 
 def test_the_inside_account_is_the_mean_of_each_histogram_and_of_each_event_type() -> None:

@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from gateway.events import CallEvent, to_fields
-from tests.fixtures.ports import free_port
 from tests.fixtures.replay import SippUas, write_burst_wav
+from tools.ports import free_port
 from tools.replay import LoadConfig, MediaConfig, ReplayConfig, ReplayError, run_replay_async
 from tools.replay import cli as replay_cli
 

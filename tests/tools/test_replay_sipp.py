@@ -172,7 +172,7 @@ async def test_a_pcma_answer_over_tcp_gets_pcma_packets(
 
 
 async def test_nothing_listening_at_the_target_fails_the_calls_with_timer_b(audio_dir: Path) -> None:
-    from tests.fixtures.ports import free_port
+    from tools.ports import free_port
 
     cfg = ReplayConfig(
         target=("127.0.0.1", free_port()),

@@ -36,7 +36,7 @@ from gateway.rtp.receiver import MediaManager
 from gateway.sip.admission import AdmissionConfig
 from gateway.sip.agent import AgentConfig, Flow, UserAgent
 from gateway.sip.message import parse_message
-from tools.demo import free_sip_port
+from tools.ports import free_port
 
 INVITE = (
     "INVITE sip:1000@127.0.0.1:5060 SIP/2.0\r\n"
@@ -121,7 +121,7 @@ async def bench_calls(calls: int, rate: float, hold_ms: int, workdir: Path) -> d
     await frontend.start()
     stats_file = workdir / "sipp_stats.csv"
     cmd = [
-        sipp, f"127.0.0.1:{frontend.sip_port}", "-sn", "uac", "-i", "127.0.0.1", "-p", str(free_sip_port()),
+        sipp, f"127.0.0.1:{frontend.sip_port}", "-sn", "uac", "-i", "127.0.0.1", "-p", str(free_port()),
         "-r", str(rate), "-m", str(calls), "-l", str(calls), "-d", str(hold_ms),
         "-nostdin", "-timeout", f"{int(calls / rate + hold_ms / 1000 + 60)}s",
         "-trace_stat", "-stf", str(stats_file),

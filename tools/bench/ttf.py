@@ -29,6 +29,7 @@ from typing import Any
 
 from tools import demo
 from tools.bench.gateway import scrape
+from tools.ports import free_port
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,7 +54,7 @@ def _gateway(
     args: argparse.Namespace, work: Path, procs: list[demo.Proc], deadline: demo.Deadline
 ) -> tuple[str, int, int]:
     redis_url = f"redis://127.0.0.1:{demo.start_redis(work, procs, deadline)}/0"
-    sip_port, http_port = demo.free_sip_port(), demo.free_port()
+    sip_port, http_port = free_port(), free_port()
     env = demo.project_env()
     if args.gateway_cwd is not None:
         env["PYTHONPATH"] = str(args.gateway_cwd.resolve())

@@ -24,6 +24,7 @@ from typing import Any
 
 from tools import demo
 from tools.eval import load_manifest, score
+from tools.ports import free_port
 
 
 def prepare_audio(test_set: Path, condition: str, folder: Path, limit: int | None) -> dict[str, int]:
@@ -47,10 +48,10 @@ def run(args: argparse.Namespace, tmp: Path, procs: list[demo.Proc]) -> dict[str
     counts = prepare_audio(args.set, args.condition, tmp / "audio", args.limit)
     deadline = demo.Deadline(args.timeout)
     redis_url = f"redis://127.0.0.1:{demo.start_redis(tmp, procs, deadline)}/0"
-    sip_port = demo.free_sip_port()
+    sip_port = free_port()
     rtp_min = 30000 + 2 * (os.getpid() % 2000)
     gateway = demo.start_gateway(
-        tmp, procs, deadline, sip_port=sip_port, http_port=demo.free_port(), redis_url=redis_url,
+        tmp, procs, deadline, sip_port=sip_port, http_port=free_port(), redis_url=redis_url,
         rtp_ports=f"{rtp_min}-{rtp_min + 399}", max_calls=100, model=args.model,
     )  # fmt: skip
 
