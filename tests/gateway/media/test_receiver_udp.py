@@ -4,7 +4,6 @@ with the sockets on the event loop and with the batched intake (`intake_tick_s`)
 from __future__ import annotations
 
 import asyncio
-import random
 import socket
 import struct
 from collections.abc import Iterator, Sequence
@@ -21,11 +20,10 @@ from gateway.rtp.sender import Impairments, RtpSender, ScheduledPacket
 from gateway.sdp import MediaPlan
 from tests.fixtures import peers
 from tests.gateway.media.helpers import assert_audio_matches, oracle, speech_like
+from tools.ports import port_block
 
 pytestmark = pytest.mark.timeout(60)
 
-# A port range of our own, away from the SIP tests' defaults; binding retries past ports in use.
-PORT_BASE = 42000 + 2 * random.Random().randrange(0, 1000)
 CONFIG = MediaConfig(playout_delay_s=0.25, idle_fill_after_s=0.0, inactivity_timeout_s=30.0)
 PLAN = MediaPlan(0, "PCMU", 0, "127.0.0.1", 9, 10, dtmf_payload_type=101, cn_payload_type=13)
 INTAKE_TICK_S = 0.0  # every test runs twice: each socket on the loop (0), and the intake every 5 ms
@@ -65,9 +63,8 @@ class RecordingSink:
 
 def manager(config: MediaConfig = CONFIG, pairs: int = 50, **kwargs: float) -> MediaManager:
     kwargs.setdefault("intake_tick_s", INTAKE_TICK_S)
-    return MediaManager(
-        config, host="127.0.0.1", port_min=PORT_BASE, port_max=PORT_BASE + 2 * pairs - 1, **kwargs
-    )
+    base = port_block(2 * pairs)
+    return MediaManager(config, host="127.0.0.1", port_min=base, port_max=base + 2 * pairs - 1, **kwargs)
 
 
 def sample(name: str, **labels: str) -> float:
@@ -273,7 +270,8 @@ async def test_the_peer_gets_receiver_reports_from_our_rtcp_port_and_a_bye_at_th
 
 
 async def test_ports_are_freed_on_close_and_exhaustion_is_reported() -> None:
-    mgr = MediaManager(CONFIG, host="127.0.0.1", port_min=PORT_BASE + 2000, port_max=PORT_BASE + 2003,
+    base = port_block(4)
+    mgr = MediaManager(CONFIG, host="127.0.0.1", port_min=base, port_max=base + 3,
                        quarantine_s=0.0, intake_tick_s=INTAKE_TICK_S)  # fmt: skip
     a = await mgr.open(PLAN, RecordingSink())
     await mgr.open(PLAN, RecordingSink())
@@ -292,7 +290,7 @@ async def test_ports_are_freed_on_close_and_exhaustion_is_reported() -> None:
 
 
 async def test_a_port_taken_by_another_process_is_skipped() -> None:
-    base = PORT_BASE + 2100
+    base = port_block(6)
     squatter = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     squatter.bind(("127.0.0.1", base + 1))  # the RTCP port of the first pair
     try:
