@@ -19,8 +19,8 @@ from tools.bench.gateway import (
     add_arguments,
     admission_window,
     machine_window,
-    read_series,
 )
+from tools.replay.scrape import parse_metrics
 
 
 def _report(folder: Path, utterances: list[dict[str, Any]], call_id: str = "c0", **more: int) -> Path:
@@ -161,7 +161,7 @@ def test_the_admission_series_sampled_each_second_are_the_gateways_own() -> None
     the timeline empty, not fail the run)."""
     init_metrics()
     page = generate_latest(REGISTRY).decode()
-    assert sorted(read_series(page, ADMISSION_SERIES)) == sorted(ADMISSION_SERIES)
+    assert sorted(parse_metrics(page, ADMISSION_SERIES)) == sorted(ADMISSION_SERIES)
 
 
 def test_a_levels_admission_timeline_counts_503s_from_its_start_and_keeps_the_extremes() -> None:

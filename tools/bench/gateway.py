@@ -205,6 +205,8 @@ class Sampler:
             self._thread.join(5)
 
     def _loop(self) -> None:
+        from tools.replay.scrape import parse_metrics
+
         smi = shutil.which("nvidia-smi")
         while not self._stop.is_set():
             t = time.monotonic()
@@ -226,7 +228,7 @@ class Sampler:
             sample: dict[str, Any] = {"t": t, "cpu": cpu, "machine": _machine()}
             if self.metrics_url:
                 with contextlib.suppress(OSError, ValueError):
-                    sample["series"] = read_series(_get(self.metrics_url, 2.0), ADMISSION_SERIES)
+                    sample["series"] = parse_metrics(_get(self.metrics_url, 2.0), ADMISSION_SERIES)
             if smi:
                 with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
                     out = subprocess.run(
@@ -305,21 +307,6 @@ ADMISSION_SERIES = (
     "ttg_engine_lag_seconds",
     "ttg_sip_responses_total{503}",
 )
-
-
-def read_series(text: str, names: tuple[str, ...]) -> dict[str, float]:
-    """The values of the named series in a /metrics page: `name` for an unlabelled one, `name{v}` for
-    the one whose only label has the value v."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            labels = list(s.labels.values())
-            key = s.name if not labels else f"{s.name}{{{labels[0]}}}" if len(labels) == 1 else ""
-            if key in names:
-                out[key] = float(s.value)
-    return out
 
 
 def admission_window(samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -46,12 +46,17 @@ class BatchPoint:
     active_calls: float | None
 
 
-def parse_metrics(text: str) -> dict[str, float]:
+def parse_metrics(text: str, wanted: tuple[str, ...] = WANTED) -> dict[str, float]:
+    """The `wanted` series of a /metrics page: `name` summed over its labels, `name{v}` the sample of
+    that name whose only label has the value v."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in WANTED:
-                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+            labels = list(sample.labels.values())
+            keys = [sample.name] + ([f"{sample.name}{{{labels[0]}}}"] if len(labels) == 1 else [])
+            for key in keys:
+                if key in wanted:
+                    out[key] = out.get(key, 0.0) + float(sample.value)
     return out
 
 
