@@ -80,11 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python", default=sys.executable, help="interpreter for the daemon and replay")
     parser.add_argument("--redis-server", default="", help="redis-server binary (default: on PATH)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--sip-port", type=int, default=47060)
-    parser.add_argument("--http-port", type=int, default=47090)
-    parser.add_argument("--redis-port", type=int, default=47079)
-    parser.add_argument("--rtp-ports", default="47100-47549", help="the gateway's RTP range")
-    parser.add_argument("--replay-rtp-ports", default="47550-47999", help="split among replay processes")
+    # Fixed ports below the kernel's ephemeral range (32768+ on Linux), where no outgoing connection
+    # takes one between two levels, and below the band the tests draw theirs from (tools/ports.py).
+    parser.add_argument("--sip-port", type=int, default=15060)
+    parser.add_argument("--http-port", type=int, default=15090)
+    parser.add_argument("--redis-port", type=int, default=15079)
+    parser.add_argument("--rtp-ports", default="15100-15549", help="the gateway's RTP range")
+    parser.add_argument("--replay-rtp-ports", default="15550-15999", help="split among replay processes")
     parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for /readyz")
     parser.add_argument("--drain", type=float, default=20.0, help="replay's wait for call_end events")
     parser.add_argument("--out", type=Path, default=Path("var/bench/gateway"))
