@@ -19,6 +19,7 @@ from tools.bench.gateway import (
     add_arguments,
     admission_window,
     machine_window,
+    port_range_problem,
 )
 from tools.replay.scrape import parse_metrics
 
@@ -191,3 +192,23 @@ def test_a_levels_admission_timeline_counts_503s_from_its_start_and_keeps_the_ex
         "refused_503": 50,
     }
     assert admission_window([{"t": 1.0, "cpu": {}}]) == {}
+
+
+def test_the_default_rtp_ranges_carry_the_default_levels_and_a_range_too_narrow_is_named_up_front() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = parser.parse_args([])
+    assert port_range_problem(defaults, [int(x) for x in defaults.levels.split(",")]) is None
+    search = parser.parse_args(["--find-capacity", "--max-calls", "256"])
+    assert port_range_problem(search, [256]) is None
+
+    narrow = parser.parse_args(["--rtp-ports", "15100-15549"])
+    assert port_range_problem(narrow, [225]) is None
+    problem = port_range_problem(narrow, [226])
+    assert problem is not None and "--rtp-ports 15100-15549 holds 225 calls" in problem
+
+    # 2 000 calls at 700 a process: three replay processes of 667, 667 and 666 calls, each given a
+    # third of the range: 16000-17332 has 667 even ports, 17333-18665 only 666.
+    split = parser.parse_args(["--replay-rtp-ports", "16000-19999"])
+    problem = port_range_problem(split, [2000])
+    assert problem is not None and problem.endswith("leaves process 1 666 even ports for its 667 calls")

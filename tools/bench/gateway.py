@@ -85,8 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sip-port", type=int, default=15060)
     parser.add_argument("--http-port", type=int, default=15090)
     parser.add_argument("--redis-port", type=int, default=15079)
-    parser.add_argument("--rtp-ports", default="15100-15549", help="the gateway's RTP range")
-    parser.add_argument("--replay-rtp-ports", default="15550-15999", help="split among replay processes")
+    # One even port a call on each side (RFC 3550 §11): 2 000 calls, the default levels' largest, each.
+    parser.add_argument("--rtp-ports", default="11000-14999", help="the gateway's RTP range")
+    parser.add_argument("--replay-rtp-ports", default="15200-19999", help="split among replay processes")
     parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for /readyz")
     parser.add_argument("--drain", type=float, default=20.0, help="replay's wait for call_end events")
     parser.add_argument("--out", type=Path, default=Path("var/bench/gateway"))
@@ -98,6 +99,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _port_range(text: str) -> tuple[int, int]:
     lo, _, hi = text.partition("-")
     return int(lo), int(hi)
+
+
+def _replay_processes(args: argparse.Namespace, n: int) -> int:
+    return 1 if args.find_capacity else max(1, math.ceil(n / args.calls_per_replay))
+
+
+def _even_ports(lo: int, hi: int) -> int:
+    return max(0, (hi - (hi & 1) - (lo + (lo & 1))) // 2 + 1)
+
+
+def port_range_problem(args: argparse.Namespace, levels: list[int]) -> str | None:
+    """Why the RTP ranges cannot carry the largest level (one even port a call: the gateway's for all
+    its calls, each replay process's for its share), or None. Checked before anything starts, so that a
+    run does not end minutes in on a daemon that refuses its range or a replay that runs out of ports."""
+    n = max(levels)
+    lo, hi = _port_range(args.rtp_ports)
+    if (have := _even_ports(lo, hi)) < n:
+        return f"--rtp-ports {args.rtp_ports} holds {have} calls (an even port each), the level has {n}"
+    procs = _replay_processes(args, n)
+    lo, hi = _port_range(args.replay_rtp_ports)
+    width = (hi - lo + 1) // procs
+    for i, calls in enumerate(_split(n, procs)):
+        have = _even_ports(lo + i * width, lo + (i + 1) * width - 1)
+        if have < calls:
+            return (
+                f"--replay-rtp-ports {args.replay_rtp_ports} split among {procs} replay processes leaves "
+                f"process {i} {have} even ports for its {calls} calls"
+            )
+    return None
 
 
 def _http_ok(url: str, timeout: float = 2.0) -> bool:
@@ -506,7 +536,7 @@ def _split(total: int, parts: int) -> list[int]:
 def run_level(
     args: argparse.Namespace, n: int, audio: Path, sampler: Sampler, env: dict[str, str]
 ) -> dict[str, Any]:
-    procs = 1 if args.find_capacity else max(1, math.ceil(n / args.calls_per_replay))
+    procs = _replay_processes(args, n)
     lo, hi = _port_range(args.replay_rtp_ports)
     width = (hi - lo + 1) // procs
     folders, running = [], []
@@ -675,6 +705,10 @@ def main(args: argparse.Namespace) -> int:
     args.out = Path(args.out).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     levels = [args.max_calls] if args.find_capacity else [int(x) for x in args.levels.split(",")]
+    problem = port_range_problem(args, levels)
+    if problem:
+        print(f"ttg bench gateway: {problem}: widen the range", file=sys.stderr)
+        return 2
     audio = _audio(args)
     redis_bin = args.redis_server or shutil.which("redis-server")
     if not redis_bin:
