@@ -289,6 +289,47 @@ def test_capacity_levels_double_until_a_failure_then_bisect() -> None:
     assert capacity.next_level(40, 48, 256, 8) is None
 
 
+def test_a_level_starts_once_no_call_is_up_and_the_engine_takes_calls_again() -> None:
+    assert capacity.settled({"ttg_active_calls": 0.0, "ttg_engine_overloaded": 0.0})
+    assert not capacity.settled({"ttg_active_calls": 3.0, "ttg_engine_overloaded": 0.0})
+    # The previous level's calls are gone but the overload guard still refuses new ones.
+    assert not capacity.settled({"ttg_active_calls": 0.0, "ttg_engine_overloaded": 1.0})
+    assert capacity.settled({})  # a gateway without these series is not waited for
+
+
+async def test_the_wait_for_a_quiet_gateway_polls_its_metrics_until_the_overload_guard_clears() -> None:
+    """A real /metrics endpoint (aiohttp on loopback) that says "overloaded" twice, then not."""
+    from aiohttp import web
+
+    pages = iter(["ttg_active_calls 0\nttg_engine_overloaded 1\n"] * 2)
+    polls = 0
+
+    async def metrics(request: web.Request) -> web.Response:
+        nonlocal polls
+        polls += 1
+        return web.Response(text=next(pages, "ttg_active_calls 0\nttg_engine_overloaded 0\n"))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        quiet, _ = await capacity.wait_until_settled(url, timeout_s=10.0, poll_s=0.01)
+        assert quiet and polls == 3
+        pages = iter(["ttg_active_calls 5\n"] * 1000)
+        quiet, waited = await capacity.wait_until_settled(url, timeout_s=0.1, poll_s=0.01)
+        assert not quiet and waited >= 0.1
+    finally:
+        await runner.cleanup()
+    # Nothing listening: no wait at all.
+    quiet, _ = await capacity.wait_until_settled(url, timeout_s=10.0, poll_s=0.01)
+    assert not quiet
+
+
 def level_report(ttfs: list[float | None], failed: int = 0) -> report.Report:
     u = tuple(UtteranceResult(0, 1, 0.1, t, 1 if t is not None else 0) for t in ttfs)
     calls = [call(0, setup_s=0.001, utterances=u)] + [call(i + 1, "failed") for i in range(failed)]

@@ -6,13 +6,20 @@ The bound defaults to the single-call p95 + 300 ms (how the published Rust/MLX s
 then bisect between the last good and the first bad level down to `resolution` calls. A level holds
 when every call completed and p95 TTF ≤ bound, where an utterance that never got a final counts as
 infinitely late (so more than 5 % missing finals fails the level, as it should).
+
+Each level starts from a quiet gateway: with a /metrics URL, the search first waits (bounded) until no
+call is up and the engine is not refusing calls for lag. A level right after an overloaded one would
+otherwise meet the overload guard still on (it clears a second or two after the engine catches up) and
+fail on 503s that the level itself did not cause.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,10 +29,46 @@ from tools.replay.analysis import p95_nearest_rank
 from tools.replay.config import ReplayConfig
 from tools.replay.report import CapacityLevel, CapacityReport, Report
 from tools.replay.runner import ReplayError, run_replay_async, write_report
+from tools.replay.scrape import parse_metrics
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MARGIN_S = 0.3
+DEFAULT_SETTLE_S = 60.0
+SETTLE_SERIES = ("ttg_active_calls", "ttg_engine_overloaded")
+
+
+def settled(series: dict[str, float]) -> bool:
+    """No call up and new calls not refused for the engine's lag. A series the gateway does not export
+    does not hold a level back."""
+    return not series.get("ttg_active_calls", 0.0) and not series.get("ttg_engine_overloaded", 0.0)
+
+
+async def wait_until_settled(
+    metrics_url: str,
+    timeout_s: float,
+    *,
+    poll_s: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[bool, float]:
+    """Poll `metrics_url` until the gateway is `settled`; (settled, seconds waited). An unreadable
+    /metrics ends the wait at once (the run's own scraper says so); `timeout_s` bounds it."""
+    import aiohttp
+
+    t0 = clock()
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(metrics_url, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                    resp.raise_for_status()
+                    series = parse_metrics(await resp.text(), SETTLE_SERIES)
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                return False, clock() - t0
+            if settled(series):
+                return True, clock() - t0
+            if clock() - t0 >= timeout_s:
+                return False, clock() - t0
+            await asyncio.sleep(poll_s)
 
 
 def p95_with_missing(rep: Report) -> float:
@@ -72,11 +115,18 @@ async def find_capacity_async(
     out_dir: Path | None = None,
     log: Callable[[str], None] = print,
     on_run: Callable[[Any], None] | None = None,
+    settle_s: float = DEFAULT_SETTLE_S,
 ) -> CapacityReport:
     levels: list[CapacityLevel] = []
     prefix = cfg.call_id_prefix or "ttg-cap"
 
     async def run_level(n: int) -> Report:
+        if cfg.metrics_url and levels and settle_s > 0:
+            quiet, waited = await wait_until_settled(cfg.metrics_url, settle_s)
+            if not quiet:
+                log(f"concurrency {n}: the gateway was not quiet after {waited:.1f} s; starting anyway")
+            elif waited >= 1.0:
+                log(f"concurrency {n}: waited {waited:.1f} s for the gateway to be quiet")
         load = dataclasses.replace(cfg.load, calls=n, total=None if cfg.load.duration_s else n)
         level_cfg = dataclasses.replace(
             cfg, load=load, out_dir=None, progress=False, call_id_prefix=f"{prefix}-n{n}-{len(levels)}"

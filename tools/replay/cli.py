@@ -161,6 +161,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--resolution", type=int, default=1, help="stop bisecting when good and bad are this close"
     )
+    g.add_argument(
+        "--settle-s",
+        type=float,
+        default=60.0,
+        help="before each level, wait up to this long for the gateway's /metrics to show no call up and "
+        "no overload refusals (0: do not wait)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ReplayConfig:
@@ -238,6 +245,7 @@ def main(args: argparse.Namespace) -> int:
                         margin_s=args.margin_ms / 1000.0,
                         max_calls=args.max_calls,
                         resolution=args.resolution,
+                        settle_s=args.settle_s,
                         out_dir=cfg.out_dir,
                     )
                 )
