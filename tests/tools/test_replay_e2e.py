@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from gateway.events import CallEvent, to_fields
-from tests.fixtures.replay import SippUas, write_burst_wav
+from tests.fixtures.replay import SippUas, metrics_endpoint, write_burst_wav
 from tools.ports import free_port
 from tools.replay import LoadConfig, MediaConfig, ReplayConfig, ReplayError, run_replay_async
 from tools.replay import cli as replay_cli
@@ -249,34 +249,24 @@ def test_ttg_replay_command_runs_calls_and_writes_the_report(
 
 
 async def test_the_scraper_follows_a_live_metrics_endpoint() -> None:
-    from aiohttp import web
-
     from tools.replay.scrape import MetricsScraper, batch_series
 
     state = {"steps": 0}
 
-    async def metrics(_: web.Request) -> web.Response:
+    def page() -> str:
         state["steps"] += 10  # ten encoder steps of 4 chunks between scrapes
         n = state["steps"]
-        text = f"ttg_encoder_batch_size_sum {4 * n}\nttg_encoder_batch_size_count {n}\nttg_active_calls 4\n"
-        return web.Response(text=text)
+        return f"ttg_encoder_batch_size_sum {4 * n}\nttg_encoder_batch_size_count {n}\nttg_active_calls 4\n"
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    scraper = MetricsScraper(f"http://127.0.0.1:{port}/metrics", 0.05, time.monotonic)
-    task = asyncio.create_task(scraper.run())
-    try:
-        while len(scraper.scrapes) < 4:
-            await asyncio.sleep(0.02)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await runner.cleanup()
+    async with metrics_endpoint(page) as url:
+        scraper = MetricsScraper(url, 0.05, time.monotonic)
+        task = asyncio.create_task(scraper.run())
+        try:
+            while len(scraper.scrapes) < 4:
+                await asyncio.sleep(0.02)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
     points = batch_series(scraper.scrapes, scraper.scrapes[0].t)
     assert len(points) >= 3 and all(p.mean_batch == 4.0 and p.active_calls == 4 for p in points)
     assert scraper.errors == 0

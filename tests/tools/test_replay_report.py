@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.fixtures.replay import metrics_endpoint
 from tools.replay import analysis, capacity, plots, report
 from tools.replay.analysis import ReceivedEvent, UtteranceResult, UtteranceTiming
 from tools.replay.scrape import Scrape, batch_series, parse_metrics
@@ -298,34 +299,23 @@ def test_a_level_starts_once_no_call_is_up_and_the_engine_takes_calls_again() ->
 
 
 async def test_the_wait_for_a_quiet_gateway_polls_its_metrics_until_the_overload_guard_clears() -> None:
-    """A real /metrics endpoint (aiohttp on loopback) that says "overloaded" twice, then not."""
-    from aiohttp import web
-
-    pages = iter(["ttg_active_calls 0\nttg_engine_overloaded 1\n"] * 2)
+    """A real /metrics endpoint that says "overloaded" twice, then not; then one that stays busy."""
+    busy = "ttg_active_calls 0\nttg_engine_overloaded 1\n"
+    pages = [busy, busy, busy.replace("overloaded 1", "overloaded 0")]
     polls = 0
 
-    async def metrics(request: web.Request) -> web.Response:
+    def page() -> str:
         nonlocal polls
         polls += 1
-        return web.Response(text=next(pages, "ttg_active_calls 0\nttg_engine_overloaded 0\n"))
+        return pages[min(polls, len(pages)) - 1]
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        url = f"http://127.0.0.1:{port}/metrics"
+    async with metrics_endpoint(page) as url:
         quiet, _ = await capacity.wait_until_settled(url, timeout_s=10.0, poll_s=0.01)
         assert quiet and polls == 3
-        pages = iter(["ttg_active_calls 5\n"] * 1000)
+        pages = ["ttg_active_calls 5\n"]
         quiet, waited = await capacity.wait_until_settled(url, timeout_s=0.1, poll_s=0.01)
         assert not quiet and waited >= 0.1
-    finally:
-        await runner.cleanup()
-    # Nothing listening: no wait at all.
+    # Nothing listening any more: no wait at all.
     quiet, _ = await capacity.wait_until_settled(url, timeout_s=10.0, poll_s=0.01)
     assert not quiet
 
