@@ -26,7 +26,7 @@ from typing import Any
 
 from tools.replay import audio, plots, report
 from tools.replay.analysis import p95_nearest_rank
-from tools.replay.config import ReplayConfig
+from tools.replay.config import DEFAULT_SETTLE_S, ReplayConfig
 from tools.replay.report import CapacityLevel, CapacityReport, Report
 from tools.replay.runner import ReplayError, run_replay_async, write_report
 from tools.replay.scrape import parse_metrics
@@ -34,7 +34,6 @@ from tools.replay.scrape import parse_metrics
 logger = logging.getLogger(__name__)
 
 DEFAULT_MARGIN_S = 0.3
-DEFAULT_SETTLE_S = 60.0
 SETTLE_SERIES = ("ttg_active_calls", "ttg_engine_overloaded")
 
 

@@ -17,7 +17,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tools.replay.config import Impairments, LanguageMix, LoadConfig, MediaConfig, ReplayConfig
+from tools.replay.config import (
+    DEFAULT_SETTLE_S,
+    Impairments,
+    LanguageMix,
+    LoadConfig,
+    MediaConfig,
+    ReplayConfig,
+)
 from tools.replay.siprec import VENDORS
 
 
@@ -164,7 +171,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--settle-s",
         type=float,
-        default=60.0,
+        default=DEFAULT_SETTLE_S,
         help="before each level, wait up to this long for the gateway's /metrics to show no call up and "
         "no overload refusals (0: do not wait)",
     )

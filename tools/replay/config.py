@@ -15,6 +15,9 @@ from tools.replay.siprec import VENDORS
 Codec = Literal["PCMU", "PCMA"]
 Transport = Literal["udp", "tcp"]
 
+# --find-capacity: the longest wait before a level for a quiet gateway (tools.replay.capacity).
+DEFAULT_SETTLE_S = 60.0
+
 
 @dataclass(frozen=True, slots=True)
 class Impairments:
