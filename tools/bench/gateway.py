@@ -101,31 +101,30 @@ def _port_range(text: str) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
-def _replay_processes(args: argparse.Namespace, n: int) -> int:
-    return 1 if args.find_capacity else max(1, math.ceil(n / args.calls_per_replay))
-
-
-def _even_ports(lo: int, hi: int) -> int:
-    return max(0, (hi - (hi & 1) - (lo + (lo & 1))) // 2 + 1)
+def _replay_shares(args: argparse.Namespace, n: int) -> list[tuple[int, tuple[int, int]]]:
+    """How a level of `n` calls is driven: each replay process's calls and its slice of the replay range."""
+    procs = 1 if args.find_capacity else max(1, math.ceil(n / args.calls_per_replay))
+    lo, hi = _port_range(args.replay_rtp_ports)
+    width = (hi - lo + 1) // procs
+    return [(calls, (lo + i * width, lo + (i + 1) * width - 1)) for i, calls in enumerate(_split(n, procs))]
 
 
 def port_range_problem(args: argparse.Namespace, levels: list[int]) -> str | None:
-    """Why the RTP ranges cannot carry the largest level (one even port a call: the gateway's for all
-    its calls, each replay process's for its share), or None. Checked before anything starts, so that a
-    run does not end minutes in on a daemon that refuses its range or a replay that runs out of ports."""
+    """Why the RTP ranges cannot carry the largest level, or None: the gateway needs an RTP/RTCP pair a
+    call (the daemon's own count), a replay process an even port a call (its `RtpPortPool`). Checked
+    before anything starts, so that a run does not end minutes in on a daemon that refuses its range
+    or a replay that runs out of ports."""
+    from gateway.daemon import rtp_port_pairs
+
     n = max(levels)
-    lo, hi = _port_range(args.rtp_ports)
-    if (have := _even_ports(lo, hi)) < n:
-        return f"--rtp-ports {args.rtp_ports} holds {have} calls (an even port each), the level has {n}"
-    procs = _replay_processes(args, n)
-    lo, hi = _port_range(args.replay_rtp_ports)
-    width = (hi - lo + 1) // procs
-    for i, calls in enumerate(_split(n, procs)):
-        have = _even_ports(lo + i * width, lo + (i + 1) * width - 1)
-        if have < calls:
+    if (have := rtp_port_pairs(*_port_range(args.rtp_ports))) < n:
+        return f"--rtp-ports {args.rtp_ports} holds {have} calls (an RTP/RTCP pair each), the level has {n}"
+    shares = _replay_shares(args, n)
+    for i, (calls, (lo, hi)) in enumerate(shares):
+        if (have := len(range(lo + (lo & 1), hi + 1, 2))) < calls:
             return (
-                f"--replay-rtp-ports {args.replay_rtp_ports} split among {procs} replay processes leaves "
-                f"process {i} {have} even ports for its {calls} calls"
+                f"--replay-rtp-ports {args.replay_rtp_ports} split among {len(shares)} replay processes "
+                f"leaves process {i} {have} even ports for its {calls} calls"
             )
     return None
 
@@ -536,17 +535,14 @@ def _split(total: int, parts: int) -> list[int]:
 def run_level(
     args: argparse.Namespace, n: int, audio: Path, sampler: Sampler, env: dict[str, str]
 ) -> dict[str, Any]:
-    procs = _replay_processes(args, n)
-    lo, hi = _port_range(args.replay_rtp_ports)
-    width = (hi - lo + 1) // procs
+    shares = _replay_shares(args, n)
     folders, running = [], []
     metrics_url = f"http://{args.host}:{args.http_port}/metrics"
     before = scrape(metrics_url)
     t0 = time.monotonic()
-    for i, calls in enumerate(_split(n, procs)):
+    for i, (calls, ports) in enumerate(shares):
         folder = args.out / f"level_{n}" / f"replay_{i}"
         folder.mkdir(parents=True, exist_ok=True)
-        ports = (lo + i * width, lo + (i + 1) * width - 1)
         log = (folder / "replay.log").open("w")
         p = subprocess.Popen(
             _replay_cmd(args, audio, folder, ports, calls),
@@ -566,12 +562,12 @@ def run_level(
                 p.terminate()
                 p.wait(30)
     t1 = time.monotonic()
-    for i in range(procs):
+    for i in range(len(shares)):
         sampler.others.pop(f"replay_{i}", None)
     after = scrape(metrics_url)
     out: dict[str, Any] = {
         "level": n,
-        "replay_processes": procs,
+        "replay_processes": len(shares),
         "replay_exit": codes,
         "seconds": round(t1 - t0, 1),
     }
