@@ -24,12 +24,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from tools.replay import audio, plots, report
 from tools.replay.analysis import p95_nearest_rank
 from tools.replay.config import DEFAULT_SETTLE_S, ReplayConfig
 from tools.replay.report import CapacityLevel, CapacityReport, Report
 from tools.replay.runner import ReplayError, run_replay_async, write_report
-from tools.replay.scrape import parse_metrics
+from tools.replay.scrape import SCRAPE_ERRORS, fetch_series
 
 logger = logging.getLogger(__name__)
 
@@ -52,16 +54,12 @@ async def wait_until_settled(
 ) -> tuple[bool, float]:
     """Poll `metrics_url` until the gateway is `settled`; (settled, seconds waited). An unreadable
     /metrics ends the wait at once (the run's own scraper says so); `timeout_s` bounds it."""
-    import aiohttp
-
     t0 = clock()
     async with aiohttp.ClientSession() as session:
         while True:
             try:
-                async with session.get(metrics_url, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
-                    resp.raise_for_status()
-                    series = parse_metrics(await resp.text(), SETTLE_SERIES)
-            except (aiohttp.ClientError, TimeoutError, ValueError):
+                series = await fetch_series(session, metrics_url, 2.0, SETTLE_SERIES)
+            except SCRAPE_ERRORS:
                 return False, clock() - t0
             if settled(series):
                 return True, clock() - t0

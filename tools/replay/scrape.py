@@ -88,6 +88,19 @@ def batch_series(scrapes: list[Scrape], t0: float) -> list[BatchPoint]:
     return points
 
 
+# What a failed scrape raises: no answer, an HTTP error status, a page that does not parse.
+SCRAPE_ERRORS = (aiohttp.ClientError, TimeoutError, ValueError)
+
+
+async def fetch_series(
+    session: aiohttp.ClientSession, url: str, timeout_s: float, wanted: tuple[str, ...] = WANTED
+) -> dict[str, float]:
+    """One GET of a /metrics page, its `wanted` series (`parse_metrics`); raises one of SCRAPE_ERRORS."""
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        resp.raise_for_status()
+        return parse_metrics(await resp.text(), wanted)
+
+
 class MetricsScraper:
     def __init__(self, url: str, interval_s: float, clock: Callable[[], float]) -> None:
         self.url = url
@@ -99,12 +112,9 @@ class MetricsScraper:
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
         try:
-            timeout = aiohttp.ClientTimeout(total=max(self.interval_s, 1.0))
-            async with session.get(self.url, timeout=timeout) as resp:
-                resp.raise_for_status()
-                text = await resp.text()
-            self.scrapes.append(Scrape(self._clock(), parse_metrics(text)))
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            values = await fetch_series(session, self.url, max(self.interval_s, 1.0))
+            self.scrapes.append(Scrape(self._clock(), values))
+        except SCRAPE_ERRORS as exc:
             self.errors += 1
             self.last_error = str(exc) or type(exc).__name__
             if self.errors == 1:
