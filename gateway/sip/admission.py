@@ -120,11 +120,14 @@ class ConcurrencyLimit:
       would otherwise refuse most of a minute of calls while the limit opened from `floor` at `growth`
       (from 32 to 2 000 at 10 % a second: 43 s). A stream's share of the load is the load over the
       streams up `load_delay_s` before, not now: the load trails the streams let in (their audio, then
-      the rate's window), and the streams up now would make each look cheaper than it is. The start ends
-      for good once the limit reaches that many streams, or the load or the lag half of theirs (the
-      load `max_load`, the lag the growth band), or the limit is cut; without a load bound (`max_load`
-      0), or before a stream's share is known (the load measured, `floor` / 2 streams up long enough),
-      the limit grows at `growth`.
+      the rate's window), and the streams up now would make each look cheaper than it is. The share is
+      measured again at every update, and while the limit is at or past the streams it allows, the limit
+      grows at `growth`: a reading taken while the streams doubled (a load that trailed them by less than
+      `load_delay_s`, a slope fitted on a few steps) may put the room far too low, and must only pause
+      the start, not end it. The start ends for good once the load or the lag reaches half of theirs
+      (the load `max_load`, the lag the growth band), or the limit is cut; without a load bound
+      (`max_load` 0), or before a stream's share is known (the load measured, `floor` / 2 streams up
+      long enough), the limit grows at `growth`.
     - Nor while the engine's `load` (its utilisation by the rows coming in, `EncoderScheduler.load`)
       is at `max_load` or more: the load rises with the streams as they are admitted, where the lag
       shows an engine past its capacity only after the queues have grown, and an engine that takes
@@ -196,8 +199,7 @@ class ConcurrencyLimit:
             if self.starting and per_stream is not None:
                 room = self.max_load / 2 / per_stream  # the streams that would bring half the bound
                 fast = self.value + max(self.min_step, self.start_growth * self.value) * dt
-                value = max(value, min(fast, room))
-                self.starting = value < room
+                value = max(value, min(fast, room))  # room below the limit: `growth` (a pause)
             self.value = min(float(self.ceiling), value)
 
     def _load_per_stream(self, load: float, streams: int, now: float) -> float | None:
