@@ -313,7 +313,7 @@ def test_one_high_reading_of_a_stream_s_share_pauses_the_fast_start_but_does_not
     # While the streams double, a load that trails them by less than assumed (or a slope fitted on a
     # few small steps) reads one stream's share several times too high, and the room far too low. Were
     # that to end the start, a burst would meet a limit growing 10 % a second from a few hundred streams
-    # while the engines carry thousands (docs/benchmarks.md, the twenty-third device session).
+    # while the engines carry thousands (docs/benchmarks.md).
     limit = ConcurrencyLimit(target_s=1.0, floor=32, ceiling=5000, max_load=0.8)
     trace = _ramp(limit, per_stream=0.8 / 2000, seconds=20.0, misread=(4.0, 4.0))
     before, misread = (v for t, v, _ in trace if t in (3.75, 4.0))
