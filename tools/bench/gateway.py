@@ -115,13 +115,14 @@ def port_range_problem(args: argparse.Namespace, levels: list[int]) -> str | Non
     before anything starts, so that a run does not end minutes in on a daemon that refuses its range
     or a replay that runs out of ports."""
     from gateway.daemon import rtp_port_pairs
+    from tools.replay.net import even_ports
 
     n = max(levels)
     if (have := rtp_port_pairs(*_port_range(args.rtp_ports))) < n:
         return f"--rtp-ports {args.rtp_ports} holds {have} calls (an RTP/RTCP pair each), the level has {n}"
     shares = _replay_shares(args, n)
     for i, (calls, (lo, hi)) in enumerate(shares):
-        if (have := len(range(lo + (lo & 1), hi + 1, 2))) < calls:
+        if (have := len(even_ports(lo, hi))) < calls:
             return (
                 f"--replay-rtp-ports {args.replay_rtp_ports} split among {len(shares)} replay processes "
                 f"leaves process {i} {have} even ports for its {calls} calls"

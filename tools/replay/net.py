@@ -248,13 +248,17 @@ class RtpSocket:
         self.sock.close()
 
 
+def even_ports(port_min: int, port_max: int) -> range:
+    """The even ports of a range, where RTP goes (RFC 3550 §11), RTCP on the odd one above."""
+    return range(port_min + (port_min & 1), port_max + 1, 2)
+
+
 class RtpPortPool:
-    """Even ports from a range (RFC 3550 §11: RTP on an even port), taken round robin, skipping busy ones."""
+    """Even ports from a range (`even_ports`), taken round robin, skipping busy ones."""
 
     def __init__(self, ip: str, port_min: int, port_max: int) -> None:
         self.ip = ip
-        first = port_min + (port_min & 1)
-        self._ports = list(range(first, port_max + 1, 2))
+        self._ports = list(even_ports(port_min, port_max))
         if not self._ports:
             raise ValueError(f"no even port in {port_min}-{port_max}")
         self._cursor = 0
