@@ -507,7 +507,6 @@ class AsrEngine:
         frames = encoder.step(rows)
         seconds = time.perf_counter() - t0
         with self._lock:
-            self._sched.observe_step(len(rows), seconds)
             chunks = self._sched.update_from_output(plan, frames, self._clock())
             owners = [self._route[c.key] for c in chunks]
         self.hooks.encoder_step(seconds, len(rows), [r.queue_wait_s for r in plan.rows])
@@ -516,6 +515,13 @@ class AsrEngine:
             self._report.log(t0, encoder, self._device, self._decode_s)
         if chunks:
             self._hand_on(_StepOutput([], [], chunks, owners))
+        # The scheduler fits what the step cost this thread until it can step again: with device
+        # decoding on this thread (`device_thread` off) the step's chunks are decoded first, and that
+        # time grows with the rows too. Fitted on the encoding alone, the load (admission's measure)
+        # and the batching wait would leave the decoding out.
+        busy = time.perf_counter() - t0
+        with self._lock:
+            self._sched.observe_step(len(rows), busy)
 
     def _hand_on(self, out: _StepOutput) -> None:
         """A step's output to the decoding side: the device decoder's thread (in order, waiting while

@@ -412,7 +412,8 @@ class EncoderScheduler(Generic[P]):
         return out
 
     def observe_step(self, rows: int, seconds: float) -> None:
-        """The runner's measurement of the step it just ran (adaptive wait policy)."""
+        """The runner's measurement of the step it just ran: the time it held the runner, decoding
+        included where the runner decodes the step's chunks before the next (the adaptive wait, `load`)."""
         self.cost.add(rows, seconds)
         if self.config.wait_policy == "adaptive":
             self._max_wait_s = min(self._wait_cap_s, WAIT_PER_FIXED_COST * self.cost.fixed_s())

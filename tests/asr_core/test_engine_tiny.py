@@ -418,6 +418,36 @@ def test_device_decoding_can_run_on_the_encoders_thread_after_each_step(tiny_mod
     assert [c.tokens for c in cols] == [s.tokens for s in solos]
 
 
+class _SlowDeviceDecoder:
+    """The real device decoder, `seconds` slower a decode."""
+
+    def __init__(self, inner: Any, seconds: float) -> None:
+        self._inner = inner
+        self._seconds = seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def decode(self, *args: Any, **kw: Any) -> Any:
+        time.sleep(self._seconds)
+        return self._inner.decode(*args, **kw)
+
+
+def test_a_step_costs_its_decoding_too_when_the_encoders_thread_decodes(tiny_model: AsrModel) -> None:
+    """`device_thread=False`: the MLX thread decodes a step's chunks before it can step again, so the
+    step cost the scheduler fits — its batching wait (3x the fixed cost) and the load admission reads —
+    counts that time: a decode 40 ms slower makes the wait at least 120 ms, where the tiny model's
+    steps alone make it a few."""
+    model = RecordingModel(tiny_model)
+    model.new_device_decoder = lambda: _SlowDeviceDecoder(tiny_model.new_device_decoder(), 0.04)
+    cols = [Stream() for _ in range(2)]
+    cfg = config(mode="device", device_thread=False, max_queued_chunks=1000, max_wait_ms=1000.0)
+    with AsrEngine(model, cfg) as eng:
+        _push_all(eng, [synthetic_call(2.0, seed=60 + i) for i in range(2)], cols)
+        assert [c.wait().reason for c in cols] == ["finished"] * 2
+        assert eng.status()["max_wait_ms"] >= 3 * 40
+
+
 def test_a_device_decoder_failure_stops_the_engine_loudly(tiny_model: AsrModel) -> None:
     """An error on the device decoder's thread is fatal like one on the MLX thread: every stream ends
     with reason "error", `on_fatal` gets the error, and the engine takes nothing more."""

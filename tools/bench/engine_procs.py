@@ -63,6 +63,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "gateway's)",
     )
     p.add_argument(
+        "--device-share",
+        type=float,
+        default=1.0,
+        help="the part of the accelerator's memory this engine process may use, as the gateway gives each "
+        "of N engines 1/N (default: all of it)",
+    )
+    p.add_argument(
         "--barrier",
         default=None,
         metavar="DIR:N",
@@ -197,6 +204,7 @@ def main(args: argparse.Namespace) -> int:
         config,
         front_ends=args.feeders * len(args.calls),
         switch_interval_ms=args.switch_interval_ms,
+        device_share=args.device_share,
     )
     t = time.monotonic()
     spec = engine.start(timeout=900)

@@ -277,7 +277,8 @@ share)
   # server of this run's own. One engine alone at 375 calls against four at 375 each (the gateway's
   # 1 500) tells sharing the GPU from sharing the cores from the engine's own work. SHARE_RUNS: the
   # runs, each K:CALLS:BURN:MPS[:thread] (CALLS may be a comma list: levels one after the other on one
-  # engine; thread: the device decoder on a thread of its own, TTG_DECODER__DEVICE_THREAD=true).
+  # engine; thread: the device decoder on a thread of its own, TTG_DECODER__DEVICE_THREAD=true). Each of the K
+  # engines may use 1/K of the card's memory, as the gateway's do.
   for spec in ${SHARE_RUNS:-1:375:0:1 1:1500:0:1}; do
     IFS=: read -r k calls burn mps thread <<< "$spec"
     stamp "share $spec: $k engine process(es) at $calls calls each, $burn busy processes, MPS $mps" | tee -a "$OUT/share.txt"
@@ -294,6 +295,7 @@ share)
       timeout $(( 2 * ${SHARE_SECONDS:-40} + 150 )) python3 -m gateway.cli bench engine-procs --model /tmp/full \
         --precision f16 --calls ${calls//,/ } --feeders $(( (${calls##*,} + 124) / 125 )) \
         --seconds "${SHARE_SECONDS:-40}" --decoder-mode device ${thread:+--device-thread} --max-batch 512 \
+        --device-share "$(python3 -c "print(1 / $k)")" \
         --barrier "/tmp/share_barrier:$k" > "/tmp/share_$i.log" 2>&1 &
       benches+=($!)
     done
