@@ -381,6 +381,7 @@ class StreamingEncoder:
                 xs.append(mx.zeros((Bp - B, T, self.cfg.hidden_size), dtype=self.dtype))
             x = xs[0] if len(xs) == 1 else mx.concatenate(xs)
             meta = [up[h] for h in call.meta]
+            meta[0] = _cache_rows(meta[0], self._Lc)
             links = [up[h] for h in call.links]
             frames, kv_new, conv_new = self._stack_fn(T, call.chained, ("stack", T, Bp))(
                 x, tuple(self._pools[:G]), self._pools[G], *meta[:4], meta[6], *links
@@ -496,8 +497,9 @@ class StreamingEncoder:
         return T
 
     def _stack_meta(self, group: list[_Row], T: int, padded: int) -> list[np.ndarray]:
-        """Per-row indices of one stack call of T frames per row (gathers, per-query valid cache
-        counts, prompts; `padded` rows, the padding reading only the zero row), the write indices of
+        """Per-row indices of one stack call of T frames per row (the gathers' four numbers a row for
+        `_cache_rows`, per-query valid cache counts, prompts; `padded` rows, the padding reading only
+        the zero row), the write indices of
         the committing rows, then per-query counts of the new frames each query sees.
 
         A row holds one chunk, a short last chunk padded to T, or (a flush) several chunks: query i
@@ -511,16 +513,18 @@ class StreamingEncoder:
         real = np.fromiter((r.T for r in group), np.int64, B)
         first = np.fromiter((r.first for r in group), bool, B)
         reach = (Lc // chunk) * chunk  # chunked_limited: Lc // chunk whole chunks to the left
-        j = np.arange(Lc)
         ring = 1 + slot[:, None] * Lc
-        held = j[None, :] >= (Lc - np.minimum(a0, reach))[:, None]
+        # The gathers' (rows, Lc) indices are built on the device from four numbers a row
+        # (`_cache_rows`): numpy lets go of the interpreter lock in every operation on that many
+        # elements, and a step's thread then waits for the engine's other threads at each.
         # A flush's second chunk (`ahead`): its newest cache slots are its first chunk's frames, which
         # the pool does not hold (the attention takes them from the call, `layers._attention`).
-        committed = np.fromiter((r.stream.frames for r in group), np.int64, B)
-        held &= a0[:, None] - Lc + j[None, :] < committed[:, None]
-        # Frame a of a slot lives in ring row a % Lc; unheld slots read the zero row.
-        kv_idx = np.zeros((padded, Lc), np.int32)
-        kv_idx[:B] = np.where(held, ring + (a0[:, None] - Lc + j[None, :]) % Lc, 0)
+        kv_rows = np.zeros((4, padded), np.int32)  # padding rows: no frame held, the zero row
+        kv_rows[2] = Lc
+        kv_rows[0, :B] = ring[:, 0]
+        kv_rows[1, :B] = a0
+        kv_rows[2, :B] = Lc - np.minimum(a0, reach)
+        kv_rows[3, :B] = np.fromiter((r.stream.frames for r in group), np.int64, B)
         conv_idx = np.zeros(padded, np.int32)
         conv_idx[:B] = np.where(first, 0, 1 + slot)
         prompt = np.zeros(padded, np.int32)
@@ -535,7 +539,7 @@ class StreamingEncoder:
         commit = np.fromiter((not (r.flush or r.last) for r in group), bool, B)
         kv_write, slot = kv_write[commit], slot[commit]
         return [
-            kv_idx,
+            kv_rows,
             conv_idx,
             valid,
             prompt,
@@ -876,6 +880,18 @@ def _words(dtype: mx.Dtype, n: int) -> tuple[mx.Dtype, int]:
     themselves."""
     size = dtype.size * n
     return (mx.uint32, size // 4) if size % 4 == 0 else (dtype, n)
+
+
+def _cache_rows(kv_rows: mx.array, Lc: int) -> mx.array:
+    """A stack call's cache gather indices (rows, Lc) from (4, rows): per row its ring's first pool row,
+    the frames before it (a0), the first of its Lc slots that its left context reaches, and the frames
+    its stream has committed. Slot j holds frame a0 - Lc + j, in ring row (a0 - Lc + j) % Lc, when the
+    context reaches it and the pool holds it; other slots read the zero row."""
+    ring, a0, lo, committed = (kv_rows[i][:, None] for i in range(4))
+    j = mx.arange(Lc, dtype=mx.int32)[None, :]
+    frame = a0 - Lc + j
+    held = (j >= lo) & (frame < committed)
+    return mx.where(held, ring + mx.remainder(frame, Lc), 0)
 
 
 def _take_values(pool: mx.array, idx: mx.array, dtype: mx.Dtype) -> mx.array:
