@@ -499,8 +499,8 @@ class StreamingEncoder:
     def _stack_meta(self, group: list[_Row], T: int, padded: int) -> list[np.ndarray]:
         """Per-row indices of one stack call of T frames per row (the gathers' four numbers a row for
         `_cache_rows`, per-query valid cache counts, prompts; `padded` rows, the padding reading only
-        the zero row), the write indices of
-        the committing rows, then per-query counts of the new frames each query sees.
+        the zero row), the write indices of the committing rows, then per-query counts of the new
+        frames each query sees.
 
         A row holds one chunk, a short last chunk padded to T, or (a flush) several chunks: query i
         sits in chunk i // chunk and sees, as chunk by chunk (chunked_limited), the cached frames that
@@ -517,13 +517,13 @@ class StreamingEncoder:
         # The gathers' (rows, Lc) indices are built on the device from four numbers a row
         # (`_cache_rows`): numpy lets go of the interpreter lock in every operation on that many
         # elements, and a step's thread then waits for the engine's other threads at each.
-        # A flush's second chunk (`ahead`): its newest cache slots are its first chunk's frames, which
-        # the pool does not hold (the attention takes them from the call, `layers._attention`).
         kv_rows = np.zeros((4, padded), np.int32)  # padding rows: no frame held, the zero row
         kv_rows[2] = Lc
         kv_rows[0, :B] = ring[:, 0]
         kv_rows[1, :B] = a0
         kv_rows[2, :B] = Lc - np.minimum(a0, reach)
+        # A flush's second chunk (`ahead`): its newest cache slots are its first chunk's frames, which
+        # the pool does not hold yet (the attention takes them from the call, `layers._attention`).
         kv_rows[3, :B] = np.fromiter((r.stream.frames for r in group), np.int64, B)
         conv_idx = np.zeros(padded, np.int32)
         conv_idx[:B] = np.where(first, 0, 1 + slot)
