@@ -381,7 +381,6 @@ class StreamingEncoder:
                 xs.append(mx.zeros((Bp - B, T, self.cfg.hidden_size), dtype=self.dtype))
             x = xs[0] if len(xs) == 1 else mx.concatenate(xs)
             meta = [up[h] for h in call.meta]
-            meta[0] = _cache_rows(meta[0], self._Lc)
             links = [up[h] for h in call.links]
             frames, kv_new, conv_new = self._stack_fn(T, call.chained, ("stack", T, Bp))(
                 x, tuple(self._pools[:G]), self._pools[G], *meta[:4], meta[6], *links
@@ -761,7 +760,7 @@ def _stack_step(
     x: mx.array,
     kv_pools: tuple[mx.array, ...],
     conv_pool: mx.array,
-    kv_idx: mx.array,
+    kv_rows: mx.array,
     conv_idx: mx.array,
     valid: mx.array,
     prompt: mx.array,
@@ -770,6 +769,7 @@ def _stack_step(
     follows: mx.array | None = None,
     conv_ctx: mx.array | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
+    kv_idx = _cache_rows(kv_rows, params.cfg.left_context_frames)
     kv_cache = []  # per group (layers, 2, H, B, Lc, dh), oldest first
     for pool in kv_pools:
         L, planes, _, _ = pool.shape
