@@ -50,6 +50,7 @@ from gateway.config import Settings
 from gateway.events import CallEvent, EventPublisher
 from gateway.http import HttpServer, Readiness
 from gateway.logs import configure_logging
+from gateway.rtp.ports import rtp_pair_ports
 
 if TYPE_CHECKING:
     from asr_core.config import EngineConfig
@@ -175,8 +176,7 @@ class Finding:
 
 def rtp_port_pairs(port_min: int, port_max: int) -> int:
     """RTP/RTCP pairs in the range: even RTP port, RTCP on the next one (RFC 3550 §11)."""
-    first = port_min + (port_min & 1)
-    return max(0, (port_max - first + 1) // 2)
+    return len(rtp_pair_ports(port_min, port_max))
 
 
 def check_settings(s: Settings) -> list[Finding]:

@@ -14,16 +14,21 @@ class PortsExhausted(RuntimeError):
     """Every pair in the range is in use or resting: the caller should refuse the call (503)."""
 
 
+def rtp_pair_ports(port_min: int, port_max: int) -> range:
+    """The RTP ports of the range's pairs: each even port whose RTCP port (the next) is in the range too."""
+    return range(port_min + (port_min & 1), port_max, 2)
+
+
 class PortPool:
     def __init__(self, port_min: int, port_max: int, *, quarantine_s: float = 2.0) -> None:
-        first = port_min + (port_min & 1)  # round up to even
-        if first + 1 > port_max:
+        ports = rtp_pair_ports(port_min, port_max)
+        if not ports:
             raise ValueError(f"RTP port range {port_min}-{port_max} holds no even/odd pair")
-        self.port_min = first
+        self.port_min = ports.start
         self.port_max = port_max
         self.quarantine_s = quarantine_s
         # (port, free since); released pairs go to the back, so the front is the longest rested.
-        self._free: deque[tuple[int, float]] = deque((p, float("-inf")) for p in range(first, port_max, 2))
+        self._free: deque[tuple[int, float]] = deque((p, float("-inf")) for p in ports)
         self._in_use: set[int] = set()
 
     @property
