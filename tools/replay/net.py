@@ -249,7 +249,9 @@ class RtpSocket:
 
 
 def even_ports(port_min: int, port_max: int) -> range:
-    """The even ports of a range, where RTP goes (RFC 3550 §11), RTCP on the odd one above."""
+    """The even ports of a range, where RTP goes (RFC 3550 §11). The replay takes RTCP on the same port
+    (rtcp-mux), so, unlike the gateway's pairs (`gateway.rtp.ports.rtp_pair_ports`), an even port at the
+    top of the range counts."""
     return range(port_min + (port_min & 1), port_max + 1, 2)
 
 
