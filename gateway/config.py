@@ -162,8 +162,9 @@ class SipSettings(BaseModel):
         1000,
         ge=0,
         description="Engine lag the adaptive call limit steers by: the streams admitted may grow while the "
-        "lag stays under half of it, hold up to it and are cut back past it, so a ramp of calls is "
-        "admitted at the pace the engine absorbs it (503 + Retry-After beyond); 0 = off (max_calls alone)",
+        "lag stays under half of it (the more slowly the nearer), hold up to it and are cut back past it, "
+        "so a ramp of calls is admitted at the pace the engine absorbs it (503 + Retry-After beyond); "
+        "0 = off (max_calls alone)",
     )
     call_limit_load: float = Field(
         0.8,

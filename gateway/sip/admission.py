@@ -111,9 +111,17 @@ class OverloadGuard:
 class ConcurrencyLimit:
     """How many streams the engine is trusted with (pure, fed with its lag, its load and the streams up).
 
-    - The lag under `headroom` x `target_s` while the streams up use at least `busy` of the limit: the
-      limit grows by `growth` of itself a second (at least `min_step` streams a second). An unused limit
-      does not grow: it is only raised on evidence that the engine keeps up with about that many.
+    - The lag under `headroom` x `target_s` (the band): the limit grows by `growth` of itself a second
+      (at least `min_step` streams a second), scaled by how far the lag is below the band (1 - lag /
+      band): it eases into the point where it must hold instead of running into it at full speed, as
+      delay-based congestion control does. The lag trails the streams by a second or so; at 10 % a
+      second of 1 500 streams, the 150 let in during that second would carry it past the band.
+    - Only while the streams up use at least `busy` of it (an unused limit does not grow: it is only
+      raised on evidence that the engine keeps up with about that many), and never to more than one
+      update's growth above the streams up: the lag and the load tell of the streams up, and a limit
+      that led them would let in, before either could answer, every call in its lead (an H100's burst:
+      the limit at 2 013 while 1 588 streams were up, and the calls between let in as the lag rose past
+      the band; docs/benchmarks.md).
     - At first it grows by `start_growth` of itself a second instead (doubling, as TCP's slow start
       opens its window before the first loss), up to the streams at which the load would reach half of
       `max_load` as one stream adds to it now: an accelerator whose capacity is thousands of streams
@@ -195,12 +203,16 @@ class ConcurrencyLimit:
             and (self.max_load <= 0 or load < self.max_load)
             and streams >= self.busy * self.value
         ):
-            value = self.value + max(self.min_step, self.growth * self.value) * dt
+            ease = 1.0 - lag_s / band
+            value = self.value + max(self.min_step, self.growth * self.value) * dt * ease
             if self.starting and per_stream is not None:
                 room = self.max_load / 2 / per_stream  # the streams that would bring half the bound
                 fast = self.value + max(self.min_step, self.start_growth * self.value) * dt
                 value = max(value, min(fast, room))  # room below the limit: `growth` (a pause)
-            self.value = min(float(self.ceiling), value)
+            # One step above the streams up at most (a full limit: one step above itself).
+            base = self.value if streams >= self.limit else float(streams)
+            value = min(value, base + (value - self.value))
+            self.value = max(self.value, min(float(self.ceiling), value))
 
     def _load_per_stream(self, load: float, streams: int, now: float) -> float | None:
         """The load one stream brings: the load now over the streams up `load_delay_s` ago (None until
