@@ -1,5 +1,6 @@
 """`ttg bench <name> ...` (encoder, engine, engine-procs, decoder, media, sip, sink, channel, gateway,
-quant, ttf, vad): dispatch to tools/bench/<name>.py (dashes as underscores).
+quant, ttf, vad, batch-parity, speechlike, admission): dispatch to tools/bench/<name>.py (dashes as
+underscores).
 
 Each benchmark module defines `add_arguments(parser)` and `main(args) -> int`. Only the chosen one is
 imported (like the subcommands of `ttg`), so a benchmark runs on a host that lacks what the others
@@ -33,6 +34,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "speechlike": (
         "tools.bench.speechlike",
         "tokens/s in speech and in pauses, finals at pauses (espeak-ng)",
+    ),
+    "admission": (
+        "tools.bench.admission",
+        "the adaptive call limit against a burst, the engine modelled on a measured one",
     ),
 }
 
