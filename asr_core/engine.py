@@ -509,6 +509,8 @@ class AsrEngine:
         with self._lock:
             chunks = self._sched.update_from_output(plan, frames, self._clock())
             owners = [self._route[c.key] for c in chunks]
+            if t0 >= self._report.due:
+                self._report.load = self._sched.load_factors(self._clock())
         self.hooks.encoder_step(seconds, len(rows), [r.queue_wait_s for r in plan.rows])
         self._report.rows += len(rows)
         if t0 >= self._report.due:
@@ -677,6 +679,8 @@ class _StepReport:
     rows: int = 0
     last: dict[str, float] = field(default_factory=dict)
     since: float = field(default_factory=time.perf_counter)
+    # The scheduler's load factors when the report fell due: rows a second, fitted s a step, s a row.
+    load: tuple[float, float, float] | None = None
 
     def log(
         self, now: float, encoder: EncoderBackend, device: DeviceDecoderBackend | None, decode_s: float
@@ -694,14 +698,25 @@ class _StepReport:
         if steps:
             logger.info(
                 "encoder: %d steps in %.0f s, %.1f rows/step; calls/step: %.2f subsampling, %.2f stack, "
-                "%.2f untraced; ms/step: plan %.1f, graph %.1f, eval %.1f, copy %.1f, decode %.1f%s%s",
+                "%.2f untraced; ms/step: plan %.1f, graph %.1f, eval %.1f, copy %.1f, decode %.1f%s%s%s",
                 steps, now - self.since, self.rows / steps, d.get("sub", 0.0) / steps,
                 d.get("stack", 0.0) / steps, d.get("untraced", 0.0) / steps,
                 *(1e3 * d.get(f"{k}_s", 0.0) / steps for k in ("plan", "graph", "eval", "copy")),
                 1e3 * d["decode_s"] / steps, _decoder_rates(d),
-                _memory_text(memory()) if memory is not None else "",
+                _memory_text(memory()) if memory is not None else "", _load_text(self.load),
             )  # fmt: skip
-        self.last, self.rows, self.since = totals, 0, now
+        self.last, self.rows, self.since, self.load = totals, 0, now, None
+
+
+def _load_text(factors: tuple[float, float, float] | None) -> str:
+    """The step report's load part: what admission reads (`EncoderScheduler.load`) and its factors."""
+    if factors is None:
+        return ""
+    rows_per_s, fixed_s, per_row_s = factors
+    return (
+        f"; load {rows_per_s * per_row_s:.2f} = {rows_per_s:.0f} rows/s x {1e3 * per_row_s:.3f} ms/row "
+        f"(fitted: {1e3 * fixed_s:.1f} ms/step + that x rows)"
+    )
 
 
 def _memory_text(m: dict[str, int]) -> str:

@@ -425,7 +425,14 @@ class EncoderScheduler(Generic[P]):
         without bound (back to back, a step of B rows takes a / (1 - load)). It rises with the
         streams admitted before the queues and the lag do, which trail them; 0 before the slope is
         known (the first steps, or steps of a near-constant size)."""
-        return self._arrivals.per_s(now) * self.cost.fit()[1]
+        rows_per_s, _, per_row_s = self.load_factors(now)
+        return rows_per_s * per_row_s
+
+    def load_factors(self, now: float) -> tuple[float, float, float]:
+        """What `load` is made of: (rows pushed a second, the fitted seconds a step, the fitted
+        seconds a row adds to it)."""
+        a, b = self.cost.fit()
+        return self._arrivals.per_s(now), a, b
 
     @property
     def max_wait_s(self) -> float:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
+import re
 import subprocess
 import threading
 import time
@@ -446,6 +448,27 @@ def test_a_step_costs_its_decoding_too_when_the_encoders_thread_decodes(tiny_mod
         _push_all(eng, [synthetic_call(2.0, seed=60 + i) for i in range(2)], cols)
         assert [c.wait().reason for c in cols] == ["finished"] * 2
         assert eng.status()["max_wait_ms"] >= 3 * 40
+
+
+def test_the_step_report_says_what_the_load_admission_reads_is_made_of(
+    tiny_model: AsrModel, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MLX thread's periodic report gives the load (`EncoderScheduler.load`, what the call limit
+    reads) with its factors — rows coming in a second, the fitted seconds a row adds to a step, and the
+    fitted fixed cost — so a run shows which of them stays flat when the load does."""
+    monkeypatch.setattr("asr_core.engine._STEP_REPORT_S", 0.0)  # a report after every step
+    cols = [Stream() for _ in range(3)]
+    with caplog.at_level(logging.INFO, logger="asr_core.engine"), AsrEngine(tiny_model, config()) as eng:
+        _push_all(eng, [synthetic_call(2.0, seed=70 + i) for i in range(3)], cols)
+        assert [c.wait().reason for c in cols] == ["finished"] * 3
+    pattern = r"; load ([\d.]+) = (\d+) rows/s x ([\d.]+) ms/row \(fitted: ([\d.]+) ms/step \+ that x rows\)$"
+    loads = [m.groups() for r in caplog.records if (m := re.search(pattern, r.getMessage()))]
+    assert loads, [r.getMessage() for r in caplog.records]
+    for load, rows_per_s, per_row_ms, _fixed_ms in loads:
+        assert float(load) == pytest.approx(
+            int(rows_per_s) * float(per_row_ms) / 1e3, abs=0.01 + 1e-3 * float(per_row_ms)
+        )
+    assert any(int(rows) > 0 for _, rows, _, _ in loads)  # the pushes' rows seen coming in
 
 
 def test_a_device_decoder_failure_stops_the_engine_loudly(tiny_model: AsrModel) -> None:
