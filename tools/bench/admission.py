@@ -80,7 +80,7 @@ def responses(timeline: Sequence[Sequence[float]], delay_rows: int) -> tuple[Res
     the streams (the burst's rising part: later rows hold the engine's recovery and calls ending).
     A timeline row is [t, streams up, limit, load, lag, refused]."""
     peak = max(range(len(timeline)), key=lambda i: timeline[i][1])
-    rows = [r for r in timeline[: peak + 1]]
+    rows = list(timeline[: peak + 1])
     pairs = [(rows[i][1], rows[i + delay_rows]) for i in range(len(rows) - delay_rows) if rows[i][1] > 0]
     lag = Response.from_pairs([(s, later[4]) for s, later in pairs])
     load = Response.from_pairs([(s, later[3]) for s, later in pairs])
