@@ -506,15 +506,15 @@ class AsrEngine:
         t0 = time.perf_counter()
         frames = encoder.step(rows)
         seconds = time.perf_counter() - t0
+        report_due = t0 >= self._report.due
         with self._lock:
             chunks = self._sched.update_from_output(plan, frames, self._clock())
             owners = [self._route[c.key] for c in chunks]
-            if t0 >= self._report.due:
-                self._report.load = self._sched.load_factors(self._clock())
+            load = self._sched.load_factors(self._clock()) if report_due else None
         self.hooks.encoder_step(seconds, len(rows), [r.queue_wait_s for r in plan.rows])
         self._report.rows += len(rows)
-        if t0 >= self._report.due:
-            self._report.log(t0, encoder, self._device, self._decode_s)
+        if report_due:
+            self._report.log(t0, encoder, self._device, self._decode_s, load)
         if chunks:
             self._hand_on(_StepOutput([], [], chunks, owners))
         # The scheduler fits what the step cost this thread until it can step again: with device
@@ -679,13 +679,17 @@ class _StepReport:
     rows: int = 0
     last: dict[str, float] = field(default_factory=dict)
     since: float = field(default_factory=time.perf_counter)
-    # The scheduler's load factors when the report fell due: rows a second, fitted s a step, s a row.
-    load: tuple[float, float, float] | None = None
 
     def log(
-        self, now: float, encoder: EncoderBackend, device: DeviceDecoderBackend | None, decode_s: float
+        self,
+        now: float,
+        encoder: EncoderBackend,
+        device: DeviceDecoderBackend | None,
+        decode_s: float,
+        load: tuple[float, float, float] | None = None,
     ) -> None:
-        """`decode_s`: the device decoder's running total (on its own thread, beside the steps)."""
+        """`decode_s`: the device decoder's running total (on its own thread, beside the steps); `load`:
+        the scheduler's load factors now (`EncoderScheduler.load_factors`), None: not reported."""
         self.due = now + _STEP_REPORT_S
         stats = getattr(encoder, "stats", None)
         totals: dict[str, float] = stats() if stats is not None else {}
@@ -703,9 +707,9 @@ class _StepReport:
                 d.get("stack", 0.0) / steps, d.get("untraced", 0.0) / steps,
                 *(1e3 * d.get(f"{k}_s", 0.0) / steps for k in ("plan", "graph", "eval", "copy")),
                 1e3 * d["decode_s"] / steps, _decoder_rates(d),
-                _memory_text(memory()) if memory is not None else "", _load_text(self.load),
+                _memory_text(memory()) if memory is not None else "", _load_text(load),
             )  # fmt: skip
-        self.last, self.rows, self.since, self.load = totals, 0, now, None
+        self.last, self.rows, self.since = totals, 0, now
 
 
 def _load_text(factors: tuple[float, float, float] | None) -> str:
