@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from gateway.daemon import STATUS_PERIOD_S as UPDATE_S  # how often the daemon updates the limit
 from gateway.sip.admission import ConcurrencyLimit
-
-UPDATE_S = 0.25  # the daemon's STATUS_PERIOD_S: how often the limit is updated
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,7 +97,8 @@ def run_burst(
 ) -> dict[str, Any]:
     """One burst: admitted, refused, and per second [t, streams, limit, lag, load]."""
     streams = offered = refused = 0
-    history: list[tuple[float, int]] = [(0.0, 0)]
+    history: list[int] = []  # the streams up after each update's calls
+    behind = round(delay_s / UPDATE_S)  # updates the signals trail the streams by
     per_second: list[list[float]] = []
     steps = round(seconds / UPDATE_S)
     for k in range(steps):
@@ -110,8 +110,8 @@ def run_burst(
                 streams += 1
             else:
                 refused += 1
-        history.append((t, streams))
-        then = max((s for when, s in history if when <= t - delay_s), default=0)
+        history.append(streams)
+        then = history[k - behind] if k >= behind else 0
         lag_s, load_now = lag(then), load(then)
         limit.update(lag_s, streams, t, load_now)
         if k % round(1 / UPDATE_S) == 0:
