@@ -119,9 +119,8 @@ class ConcurrencyLimit:
     - Only while the streams up use at least `busy` of it (an unused limit does not grow: it is only
       raised on evidence that the engine keeps up with about that many), and never to more than one
       update's growth above the streams up: the lag and the load tell of the streams up, and a limit
-      that led them would let in, before either could answer, every call in its lead (an H100's burst:
-      the limit at 2 013 while 1 588 streams were up, and the calls between let in as the lag rose past
-      the band; docs/benchmarks.md).
+      that led them would let in, before either could answer, every call in its lead (docs/benchmarks.md,
+      "The call limit eased toward the lag's band").
     - At first it grows by `start_growth` of itself a second instead (doubling, as TCP's slow start
       opens its window before the first loss), up to the streams at which the load would reach half of
       `max_load` as one stream adds to it now: an accelerator whose capacity is thousands of streams
