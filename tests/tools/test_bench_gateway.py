@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -212,3 +215,23 @@ def test_the_default_rtp_ranges_carry_the_default_levels_and_a_range_too_narrow_
     split = parser.parse_args(["--replay-rtp-ports", "16000-19999"])
     problem = port_range_problem(split, [2000])
     assert problem is not None and problem.endswith("leaves process 1 666 even ports for its 667 calls")
+
+
+def test_the_gateway_measured_is_the_checkout_the_bench_was_imported_from_even_through_a_linked_tools(
+    tmp_path: Path,
+) -> None:
+    # tools/device/ab.sh runs the code before from a checkout whose tools/ is a link to the kit's: the
+    # default --repo must be that checkout, not where the link points (then both sides run one code).
+    repo = Path(__file__).resolve().parents[2]
+    other = tmp_path / "before"
+    other.mkdir()
+    (other / "tools").symlink_to(repo / "tools")
+    out = subprocess.run(
+        [sys.executable, "-c", "import tools.bench.gateway as g; print(g.REPO)"],
+        cwd=other,
+        env={**os.environ, "PYTHONPATH": f"{other}{os.pathsep}{repo}"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert Path(out.stdout.strip()) == other

@@ -55,7 +55,9 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+# The checkout this module was imported from, links not followed: a kit that links its tools into
+# another checkout (tools/device/ab.sh's .before/) runs that checkout's gateway and replay.
+REPO = Path(os.path.abspath(__file__)).parents[2]
 ABORT_MARKS = ("terminate called", "Aborted", "core dumped", "Segmentation fault", "Fatal Python error")
 
 
