@@ -64,4 +64,8 @@ run "$OUT/after"
 wait "$warm"
 mkdir -p "$before_cache" && cp -n /tmp/mlx/*/ptx/* "$before_cache"/ 2>/dev/null
 (cd .before && export MLX_PTX_CACHE_DIR=$before_cache && run "$OUT/before")
+# A gateway run names the checkout it ran (summary.json's "repo"): the code before's must be .before/.
+if [ -f "$OUT/before/summary.json" ] && ! grep -q '"repo": "[^"]*/\.before"' "$OUT/before/summary.json"; then
+  log "before: NOT the code before, summary.json names another checkout"
+fi
 run "$OUT/after2"
