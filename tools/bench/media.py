@@ -9,7 +9,10 @@
    soxr's own ResampleStream for comparison.
 3. udp: N concurrent calls of real-time RTP over loopback from a separate sender process into one
    `MediaManager` (one socket pair per call, as in the daemon); the receiver's CPU time per packet
-   (user + system, so the kernel's receive work is in it) and its share of a core.
+   (user + system, so the kernel's receive work is in it) and its share of a core. `--front-end`: each
+   call's blocks also go through its ASR front end (log-mel, chunking, voice activity; the embedded demo
+   model's, or `--model`'s), as in a media worker: the numbers are then a media worker's work per call,
+   all but the chunks' hand-over to the engine.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 import soxr
 
+from asr_core.frontend import FrontEndFactory, FrontEndSpec, StreamFrontEnd
 from gateway.audio import g711
 from gateway.audio.pipeline import AudioPipeline
 from gateway.rtp.media import MediaConfig, MediaCore
@@ -56,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="receiver's RTP intake tick(s) to compare (`TTG_RTP__INTAKE_TICK_MS`: every call's sockets "
         "read in batches every this many ms; 0: each socket on the event loop)",
     )  # fmt: skip
+    parser.add_argument(
+        "--front-end", action="store_true",
+        help="UDP: run each call's ASR front end on its blocks (a media worker's whole work per call)",
+    )  # fmt: skip
+    parser.add_argument("--model", default=None, help="--front-end: the bundle (default: the embedded demo)")
     parser.add_argument("--skip-udp", action="store_true")
     parser.add_argument("--out", default="var/bench/media.json", help="where to save the numbers")
 
@@ -167,8 +176,50 @@ class _CountingSink:
         pass
 
 
+class _FrontEndSink(_CountingSink):
+    """A media worker's leg without the hand-over: the blocks through the call's ASR front end."""
+
+    def __init__(self, front: StreamFrontEnd) -> None:
+        self.front = front
+        self.chunks = 0
+
+    def on_audio(self, pcm16k: np.ndarray, start_ms: int) -> None:
+        _CountingSink.blocks += 1
+        self.chunks += len(self.front.push(pcm16k))
+
+
+def _spec_of(model: str | None, conn: Any) -> None:
+    """Child process: the model's front-end spec as the engine process writes it (MLX stays out of the
+    measuring process, as it stays out of a media worker)."""
+    from asr_core import configure_process
+
+    configure_process()
+    from asr_core.model import AsrModel, embedded_model_dir
+    from asr_core.vad import VadConfig
+
+    model_dir = model or embedded_model_dir()
+    if model_dir is None:
+        raise SystemExit("no --model given and this install has no embedded demo model")
+    conn.send(AsrModel.load(model_dir).frontend_spec(vad=VadConfig()).to_json())
+
+
+def front_end_factory(model: str | None) -> FrontEndFactory:
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_spec_of, args=(model, theirs))
+    proc.start()
+    spec = ours.recv()
+    proc.join()
+    return FrontEndFactory(FrontEndSpec.from_json(spec))
+
+
 async def _receive(
-    calls: int, seconds: float, block_ms: int, spread: bool = False, tick_ms: float = 0.0
+    calls: int,
+    seconds: float,
+    block_ms: int,
+    spread: bool = False,
+    tick_ms: float = 0.0,
+    factory: FrontEndFactory | None = None,
 ) -> dict[str, float]:
     config = MediaConfig(block_ms=block_ms, idle_fill_after_s=0.0)
     mgr = MediaManager(
@@ -178,7 +229,11 @@ async def _receive(
         port_max=46000 + 4 * calls + 200,
         intake_tick_s=tick_ms / 1000,
     )
-    medias = [await mgr.open(PLAN, _CountingSink(), name=f"bench{i}") for i in range(calls)]
+    sinks = [
+        _CountingSink() if factory is None else _FrontEndSink(factory.stream(factory.spec.default_lookahead))
+        for _ in range(calls)
+    ]
+    medias = [await mgr.open(PLAN, sink, name=f"bench{i}") for i, sink in enumerate(sinks)]
     ctx = mp.get_context("fork")
     ready = ctx.Event()
     proc = ctx.Process(target=_send_calls, args=([m.port for m in medias], seconds, ready, spread))
@@ -201,6 +256,9 @@ async def _receive(
     packets = p1 - p0
     return {
         "calls": calls,
+        "front_end": factory is not None,
+        # The encoder chunks the calls' front ends made (0 without --front-end).
+        "chunks": sum(sink.chunks for sink in sinks if isinstance(sink, _FrontEndSink)),
         "spread": spread,
         "tick_ms": tick_ms,
         "packets_per_s": packets / wall,
@@ -216,9 +274,15 @@ async def _receive(
 
 
 def bench_udp(
-    calls: int, seconds: float, loop_kind: str, block_ms: int, spread: bool = False, tick_ms: float = 0.0
+    calls: int,
+    seconds: float,
+    loop_kind: str,
+    block_ms: int,
+    spread: bool = False,
+    tick_ms: float = 0.0,
+    factory: FrontEndFactory | None = None,
 ) -> dict[str, float]:
-    receive = _receive(calls, seconds, block_ms, spread, tick_ms)
+    receive = _receive(calls, seconds, block_ms, spread, tick_ms, factory)
     if loop_kind == "uvloop":
         import uvloop
 
@@ -241,10 +305,12 @@ def main(args: argparse.Namespace) -> int:
     if not args.skip_udp:
         loops = ["asyncio", "uvloop"] if args.loop == "both" else [args.loop]
         results["udp"] = []  # one run per loop and tick, in the order run (a tick given twice runs twice)
+        factory = front_end_factory(args.model) if args.front_end else None
         for kind, tick in itertools.product(loops, args.intake_tick_ms):
-            r = bench_udp(args.calls, args.seconds, kind, args.block_ms, args.spread, tick)
+            r = bench_udp(args.calls, args.seconds, kind, args.block_ms, args.spread, tick, factory)
             results["udp"].append({"loop": kind, **r})
-            print(f"UDP {kind:8s} intake {tick:g} ms, {r['calls']} calls: {r['packets_per_s']:.0f} pkt/s, "
+            what = "UDP + front end" if args.front_end else "UDP"
+            print(f"{what} {kind:8s} intake {tick:g} ms, {r['calls']} calls: {r['packets_per_s']:.0f} pkt/s, "
                   f"{r['cpu_us_per_packet']:.2f} µs CPU/packet (user {r['user_us_per_packet']:.2f}, "
                   f"system {r['system_us_per_packet']:.2f}), {100 * r['core_share']:.1f} % of a core, "
                   f"jitter {r['jitter_ms_mean']:.2f} ms, lost {r['lost']}, late {r['late']}")  # fmt: skip
