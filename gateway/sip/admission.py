@@ -131,10 +131,13 @@ class ConcurrencyLimit:
       measured again at every update, and while the limit is at or past the streams it allows, the limit
       grows at `growth`: a reading taken while the streams doubled (a load that trailed them by less than
       `load_delay_s`, a slope fitted on a few steps) may put the room far too low, and must only pause
-      the start, not end it. The start ends for good once the load or the lag reaches half of theirs
-      (the load `max_load`, the lag the growth band), or the limit is cut; without a load bound
-      (`max_load` 0), or before a stream's share is known (the load measured, `floor` / 2 streams up
-      long enough), the limit grows at `growth`.
+      the start, not end it. The start ends for good once the load reaches half of `max_load`, the lag
+      has stayed at half of the growth band or more for `start_lag_hold_s`, or the limit is cut. A lag
+      that high for less pauses it (growth at `growth`): one stall shows in the lag for as long as its
+      window (the largest of the last one to two seconds), and a stall while a few dozen streams are
+      up says nothing of the engine's capacity (docs/benchmarks.md, "The fast start ended by one
+      stall"). Without a load bound (`max_load` 0), or before a stream's share is known (the load
+      measured, `floor` / 2 streams up long enough), the limit grows at `growth`.
     - Nor while the engine's `load` (its utilisation by the rows coming in, `EncoderScheduler.load`)
       is at `max_load` or more: the load rises with the streams as they are admitted, where the lag
       shows an engine past its capacity only after the queues have grown, and an engine that takes
@@ -158,6 +161,7 @@ class ConcurrencyLimit:
         growth: float = 0.1,
         start_growth: float = 1.0,
         load_delay_s: float = 2.0,
+        start_lag_hold_s: float = 3.0,
         min_step: float = 2.0,
         busy: float = 0.8,
         headroom: float = 0.5,
@@ -169,6 +173,7 @@ class ConcurrencyLimit:
         self.floor = max(1, min(floor, ceiling))
         self.ceiling = ceiling
         self.growth, self.start_growth, self.load_delay_s = growth, start_growth, load_delay_s
+        self.start_lag_hold_s = start_lag_hold_s
         self.min_step, self.busy, self.backoff = min_step, busy, backoff
         self.headroom, self.max_load = headroom, max_load
         self.cooldown_s = cooldown_s
@@ -176,6 +181,7 @@ class ConcurrencyLimit:
         self._at: float | None = None  # the last update
         self._cut_at = -math.inf
         self.starting = max_load > 0  # the start's fast growth (see above) still possible
+        self._lag_high_since: float | None = None  # the lag at half the band or more since then
         self._history: deque[tuple[float, int]] = deque()  # (when, streams up) over `load_delay_s`
 
     @property
@@ -190,7 +196,15 @@ class ConcurrencyLimit:
             return
         band = self.headroom * self.target_s
         per_stream = self._load_per_stream(load, streams, now)
-        if self.starting and (load >= self.max_load / 2 or lag_s >= band / 2):
+        lag_high = lag_s >= band / 2
+        if not lag_high:
+            self._lag_high_since = None
+        elif self._lag_high_since is None:
+            self._lag_high_since = now
+        if self.starting and (
+            load >= self.max_load / 2
+            or (self._lag_high_since is not None and now - self._lag_high_since >= self.start_lag_hold_s)
+        ):
             self.starting = False  # near enough to what the engine takes: from here `growth` a second
         if lag_s > self.target_s:
             self.starting = False
@@ -204,7 +218,7 @@ class ConcurrencyLimit:
         ):
             ease = 1.0 - lag_s / band
             value = self.value + max(self.min_step, self.growth * self.value) * dt * ease
-            if self.starting and per_stream is not None:
+            if self.starting and per_stream is not None and not lag_high:
                 room = self.max_load / 2 / per_stream  # the streams that would bring half the bound
                 fast = self.value + max(self.min_step, self.start_growth * self.value) * dt
                 value = max(value, min(fast, room))  # room below the limit: `growth` (a pause)

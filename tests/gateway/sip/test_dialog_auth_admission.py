@@ -318,11 +318,16 @@ def test_the_call_limit_stops_growing_as_the_engine_nears_its_capacity_before_th
 
 
 def _ramp(
-    limit: ConcurrencyLimit, per_stream: float, seconds: float, misread: tuple[float, float] = (-1.0, 1.0)
+    limit: ConcurrencyLimit,
+    per_stream: float,
+    seconds: float,
+    misread: tuple[float, float] = (-1.0, 1.0),
+    stall: tuple[float, float] = (-1.0, -1.0),
 ) -> list[tuple[float, int, bool]]:
     """Calls offered faster than the limit opens (every stream it allows is taken), and an engine whose
     load is `per_stream` a stream, as measured: trailing the streams by 1.5 s, and read `misread[1]`
-    times too high at `misread[0]` s. (when, limit, starting) after each update."""
+    times too high at `misread[0]` s; its lag 0.1 s, or 0.32 s from `stall[0]` to `stall[1]` s (one
+    stall, as the lag's window shows it). (when, limit, starting) after each update."""
     trace: list[tuple[float, int, bool]] = []
     streams_at: list[int] = []
     t = 0.0
@@ -331,7 +336,8 @@ def _ramp(
         streams_at.append(streams)
         behind = streams_at[max(0, len(streams_at) - 7)]  # 6 updates of 0.25 s before
         load = per_stream * behind * (misread[1] if t == misread[0] else 1.0)
-        limit.update(0.1, streams=streams, now=t, load=load)
+        lag = 0.32 if stall[0] <= t < stall[1] else 0.1
+        limit.update(lag, streams=streams, now=t, load=load)
         trace.append((t, limit.limit, limit.starting))
         t += 0.25
     return trace
@@ -378,11 +384,27 @@ def test_one_high_reading_of_a_stream_s_share_pauses_the_fast_start_but_does_not
     assert not limit.starting  # which ends at half the load bound, as without the misreading
 
 
-def test_the_fast_start_ends_at_a_lag_of_a_quarter_of_the_target_or_a_cut() -> None:
+def test_one_stall_of_the_engine_pauses_the_fast_start_but_does_not_end_it() -> None:
+    # A lent H100 at the start of a 2 500-call burst: the lag read 0.32 s for two seconds while 33 streams
+    # were up, then 0.1 s again. Ending the start there left the limit 10 % a second from 32 and the
+    # burst got 144 calls (docs/benchmarks.md, "The fast start ended by one stall").
+    limit = ConcurrencyLimit(target_s=1.0, floor=32, ceiling=5000, max_load=0.8)
+    trace = _ramp(limit, per_stream=0.8 / 2000, seconds=20.0, stall=(2.0, 4.0))
+    during = [v for t, v, _ in trace if 2.0 <= t < 4.0]
+    assert during[-1] <= 1.25 * during[0]  # while the lag is high: 10 % a second at most, eased
+    assert all(starting for t, _, starting in trace if t < 4.0)
+    reached = next((t for t, v, _ in trace if v >= 1800), None)
+    assert reached is not None and reached <= 19.0  # the start resumed once the lag came back down
+    assert not limit.starting  # and ended at half the load bound, as without the stall
+
+
+def test_the_fast_start_ends_at_a_lag_of_a_quarter_of_the_target_held_or_at_a_cut() -> None:
     lagging = ConcurrencyLimit(target_s=1.0, floor=32, ceiling=5000, max_load=0.8)
-    lagging.update(0.3, streams=32, now=0.0, load=0.05)
-    lagging.update(0.0, streams=32, now=1.0, load=0.05)
-    assert not lagging.starting and lagging.limit == 35  # a lag of 0.3 s: not far from capacity
+    for t in range(4):
+        lagging.update(0.3, streams=32, now=float(t), load=0.05)
+    assert not lagging.starting  # a lag of 0.3 s for 3 s: not far from capacity
+    lagging.update(0.0, streams=lagging.limit, now=4.0, load=0.05)
+    assert lagging.limit <= 40  # from here 10 % a second, whatever the load says
     cut = ConcurrencyLimit(target_s=1.0, floor=32, ceiling=5000, max_load=0.8)
     cut.value = 400.0
     cut.update(1.5, streams=400, now=0.0, load=0.05)
