@@ -133,9 +133,9 @@ class ConcurrencyLimit:
       `load_delay_s`, a slope fitted on a few steps) may put the room far too low, and must only pause
       the start, not end it. The start ends for good once the load reaches half of `max_load`, the lag
       has stayed at half of the growth band or more for `start_lag_hold_s`, or the limit is cut. A lag
-      that high for less pauses it (growth at `growth`): one stall shows in the lag for as long as its
-      window (the largest of the last one to two seconds), and a stall while a few dozen streams are
-      up says nothing of the engine's capacity (docs/benchmarks.md, "The fast start ended by one
+      that high for less pauses it (growth at `growth`, eased): one stall shows in the lag for as long
+      as its window (the largest of the last one to two seconds), and a stall while a few dozen streams
+      are up says nothing of the engine's capacity (docs/benchmarks.md, "the fast start ended by one
       stall"). Without a load bound (`max_load` 0), or before a stream's share is known (the load
       measured, `floor` / 2 streams up long enough), the limit grows at `growth`.
     - Nor while the engine's `load` (its utilisation by the rows coming in, `EncoderScheduler.load`)

@@ -385,9 +385,10 @@ def test_one_high_reading_of_a_stream_s_share_pauses_the_fast_start_but_does_not
 
 
 def test_one_stall_of_the_engine_pauses_the_fast_start_but_does_not_end_it() -> None:
-    # A lent H100 at the start of a 2 500-call burst: the lag read 0.32 s for two seconds while 33 streams
-    # were up, then 0.1 s again. Ending the start there left the limit 10 % a second from 32 and the
-    # burst got 144 calls (docs/benchmarks.md, "The fast start ended by one stall").
+    # An engine's first steps stall at the start of a burst: the lag reads 0.32 s for two seconds while a
+    # few dozen streams are up, then 0.1 s again. Were that to end the start, a burst would meet a limit
+    # growing 10 % a second from 32 while the engines carry thousands (docs/benchmarks.md, "the fast
+    # start ended by one stall").
     limit = ConcurrencyLimit(target_s=1.0, floor=32, ceiling=5000, max_load=0.8)
     trace = _ramp(limit, per_stream=0.8 / 2000, seconds=20.0, stall=(2.0, 4.0))
     during = [v for t, v, _ in trace if 2.0 <= t < 4.0]
