@@ -184,7 +184,7 @@ class _FrontEndSink(_CountingSink):
         self.chunks = 0
 
     def on_audio(self, pcm16k: np.ndarray, start_ms: int) -> None:
-        _CountingSink.blocks += 1
+        super().on_audio(pcm16k, start_ms)
         self.chunks += len(self.front.push(pcm16k))
 
 
