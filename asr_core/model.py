@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 
 SAMPLE_RATE_HZ = 16_000
 GPU_CACHE_LIMIT_BYTES = 16 << 30
+# What an engine process sharing a card may hold there beyond its MLX limit (`gpu_memory_limits`): the
+# driver counted 0.2-2.2 GiB more than MLX's limit or peak per process on an H100 (docs/benchmarks.md).
+GPU_PROCESS_RESERVE_BYTES = 3 << 30
 
 
 class EncoderBackend(Protocol):
@@ -116,14 +119,21 @@ class EngineModel(Protocol):
 def gpu_memory_limits(process_limit: int, share: float) -> tuple[int, int]:
     """(memory limit, cache limit) in bytes for an engine process given `share` of the accelerator.
 
-    MLX lets each process use 80 % of the card's memory (its default memory limit, `process_limit`)
-    and keeps freed buffers for reuse up to that limit; at thousands of streams that is the whole card.
-    The cache is bounded (GPU_CACHE_LIMIT_BYTES); with several engine processes on one card each gets
-    its share of the limit, beyond which MLX frees its cached buffers before allocating, and a cache of
-    at most a quarter of that share: N processes that each assume 80 % of the card together outgrow it."""
+    MLX lets one process use 95 % of a CUDA card (its default memory limit, `process_limit`) and keeps
+    freed buffers for reuse up to that limit; at thousands of streams that is the whole card. The
+    cache is bounded (GPU_CACHE_LIMIT_BYTES). Engine processes that share a card each get their share
+    of the limit less GPU_PROCESS_RESERVE_BYTES, and a cache of at most a quarter of that: each also
+    holds memory MLX does not count (its CUDA context, loaded kernels, buffers freed to CUDA's pool and
+    not yet returned), and when the processes together fill the card every step slows several times
+    over (docs/benchmarks.md: four engines at a quarter each filled an 80 GB card)."""
     if not 0 < share <= 1:
         raise ValueError(f"device share must be in (0, 1], got {share}")
-    memory = int(process_limit * share)
+    memory = process_limit if share == 1 else int(process_limit * share) - GPU_PROCESS_RESERVE_BYTES
+    if memory < GPU_PROCESS_RESERVE_BYTES:
+        raise ValueError(
+            f"a {share:.3g} share of {process_limit / 2**30:.1f} GiB leaves this process less than "
+            f"{GPU_PROCESS_RESERVE_BYTES / 2**30:.0f} GiB: too many engine processes for this accelerator"
+        )
     return memory, min(GPU_CACHE_LIMIT_BYTES, memory // 4)
 
 

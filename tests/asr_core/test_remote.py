@@ -19,7 +19,7 @@ import pytest
 from asr_core.api import StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import DecoderConfig, EngineConfig, SchedulerConfig
 from asr_core.engine import AsrEngine
-from asr_core.model import GPU_CACHE_LIMIT_BYTES, AsrModel, gpu_memory_limits
+from asr_core.model import GPU_CACHE_LIMIT_BYTES, GPU_PROCESS_RESERVE_BYTES, AsrModel, gpu_memory_limits
 from asr_core.remote import EngineProcess
 from asr_core.wire import Event, Step
 from tools.bench.engine import synthetic_call
@@ -204,15 +204,19 @@ def test_the_engine_process_hands_the_interpreter_lock_over_at_the_interval_it_i
         engine.close()
 
 
-def test_engine_processes_on_one_accelerator_split_its_memory() -> None:
-    """Each engine process may use its share of what MLX allows one process (80 % of the card), and
-    caches at most a quarter of that (never above GPU_CACHE_LIMIT_BYTES): processes that each assumed
-    the whole card would together outgrow it."""
-    limit = 111 << 30  # MLX's default on a 139 GiB card
+def test_engine_processes_on_one_accelerator_split_its_memory_and_leave_room_for_their_own() -> None:
+    """Each engine process may use its share of what MLX allows one process (95 % of a CUDA card) less
+    what it holds outside MLX's count (GPU_PROCESS_RESERVE_BYTES), and caches at most a quarter of
+    that (never above GPU_CACHE_LIMIT_BYTES): processes that each assumed the whole card, or exactly
+    their share of it, would together outgrow it."""
+    card = 80 << 30
+    limit = int(card * 0.95)  # MLX's default for one process on an 80 GiB card
     assert gpu_memory_limits(limit, 1.0) == (limit, GPU_CACHE_LIMIT_BYTES)
     memory, cache = gpu_memory_limits(limit, 1 / 4)
-    assert memory == limit // 4 and cache == memory // 4
-    assert 4 * memory <= limit  # the shares add up to one process's limit, not four of them
+    assert memory == limit // 4 - GPU_PROCESS_RESERVE_BYTES and cache == memory // 4
+    assert 4 * (memory + GPU_PROCESS_RESERVE_BYTES) <= limit  # the four processes' whole footprints fit
+    with pytest.raises(ValueError, match="too many engine processes"):
+        gpu_memory_limits(limit, 1 / 64)  # 1.2 GiB each: less than the reserve
     with pytest.raises(ValueError):
         gpu_memory_limits(limit, 0.0)
     with pytest.raises(ValueError):

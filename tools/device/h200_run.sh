@@ -278,10 +278,14 @@ share)
   # 1 500) tells sharing the GPU from sharing the cores from the engine's own work. SHARE_RUNS: the
   # runs, each K:CALLS:BURN:MPS[:thread] (CALLS may be a comma list: levels one after the other on one
   # engine; thread: the device decoder on a thread of its own, TTG_DECODER__DEVICE_THREAD=true). Each of the K
-  # engines may use 1/K of the card's memory, as the gateway's do.
+  # engines may use 1/K of the card's memory, as the gateway's do; SHARE_DEVICE=F: F each instead (the
+  # spec's sixth field, K:CALLS:BURN:MPS:THREAD:F, for one run). Each run's nvidia-smi per process (memory
+  # on the card, every 2 s) goes to $OUT/apps.csv: the card's memory as the driver counts it, which is more
+  # than MLX's own count (its context, kernels, managed memory).
   for spec in ${SHARE_RUNS:-1:375:0:1 1:1500:0:1}; do
-    IFS=: read -r k calls burn mps thread <<< "$spec"
-    stamp "share $spec: $k engine process(es) at $calls calls each, $burn busy processes, MPS $mps" | tee -a "$OUT/share.txt"
+    IFS=: read -r k calls burn mps thread share <<< "$spec"
+    share=${share:-${SHARE_DEVICE:-$(python3 -c "print(1 / $k)")}}
+    stamp "share $spec: $k engine process(es) at $calls calls each, $burn busy processes, MPS $mps, $share of the card's memory each" | tee -a "$OUT/share.txt"
     if [ "$mps" = 1 ]; then
       export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log
       mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
@@ -291,15 +295,19 @@ share)
     for _ in $(seq "$burn"); do timeout 400 python3 -c "while True: pass" & burners+=($!); done
     rm -rf /tmp/share_barrier
     benches=()
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader -l 2 \
+      | sed "s/^/$spec, /" >> "$OUT/apps.csv" 2>/dev/null &
+    smi=$!
     for i in $(seq "$k"); do
       timeout $(( 2 * ${SHARE_SECONDS:-40} + 150 )) python3 -m gateway.cli bench engine-procs --model /tmp/full \
         --precision f16 --calls ${calls//,/ } --feeders $(( (${calls##*,} + 124) / 125 )) \
         --seconds "${SHARE_SECONDS:-40}" --decoder-mode device ${thread:+--device-thread} --max-batch 512 \
-        --device-share "$(python3 -c "print(1 / $k)")" \
+        --device-share "$share" \
         --barrier "/tmp/share_barrier:$k" > "/tmp/share_$i.log" 2>&1 &
       benches+=($!)
     done
     wait "${benches[@]}"
+    kill "$smi" 2>/dev/null
     # (`wait` with no PIDs would wait for this script's log tee too)
     if [ "$burn" -gt 0 ]; then kill "${burners[@]}" 2>/dev/null; wait "${burners[@]}" 2>/dev/null; fi
     if [ "$mps" = 1 ]; then
