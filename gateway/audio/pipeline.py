@@ -6,6 +6,10 @@ upsamples with `Upsampler`, and emits `AudioBlock`s of exactly `block_ms` (the l
 may be shorter). Block k starts at k·block_ms on the media timeline, so `start_ms` is exact, and the
 total output is exactly 2 × the samples appended. A block is emitted as soon as the input covers its
 end plus the resampler's lookahead (12 ms at HQ): the added latency is constant.
+
+With an `UpsampleBatch` (a process's calls resampled together), a block's resampling waits for the
+batch's `run()`: the pipeline puts a `PendingBlocks` in `out` where the blocks belong and fills it then;
+its owner holds back the events after it until it is filled, so the order is the same as without.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gateway.audio.g711 import DECODE_FLOAT32, SILENCE_CODE
-from gateway.audio.resample import RATIO, Upsampler
+from gateway.audio.resample import RATIO, UpsampleBatch, Upsampler
 
 IN_RATE = 8000
 SAMPLES_PER_MS = IN_RATE // 1000
@@ -31,14 +35,30 @@ class AudioBlock:
     start_ms: int
 
 
-class BlockOut(Protocol):
-    """Where blocks go: any list whose item type includes AudioBlock."""
+class PendingBlocks:
+    """The place in an event list of blocks whose resampling waits for an `UpsampleBatch`: `done` once
+    the batch (or the pipeline alone) has run, then `blocks` are the blocks in order (maybe none)."""
 
+    __slots__ = ("blocks", "done")
+
+    def __init__(self) -> None:
+        self.blocks: list[AudioBlock] = []
+        self.done = False
+
+
+class _Blocks(Protocol):
     def append(self, block: AudioBlock, /) -> None: ...
+
+
+class BlockOut(Protocol):
+    """Where blocks go: any list whose item type includes AudioBlock (and PendingBlocks, batched)."""
+
+    def append(self, block: AudioBlock | PendingBlocks, /) -> None: ...
 
 
 class AudioPipeline:
     __slots__ = (
+        "_batch",
         "_block_in",
         "_block_ms",
         "_block_out",
@@ -49,6 +69,7 @@ class AudioPipeline:
         "_lut",
         "_out",
         "_out_len",
+        "_pending",
         "_samples_out",
         "_silence",
         "_trigger",
@@ -57,7 +78,9 @@ class AudioPipeline:
         "position",
     )
 
-    def __init__(self, codec: str, block_ms: int = 80, quality: str = "HQ") -> None:
+    def __init__(
+        self, codec: str, block_ms: int = 80, quality: str = "HQ", batch: UpsampleBatch | None = None
+    ) -> None:
         if block_ms <= 0:
             raise ValueError("block_ms must be positive")
         self._codec = codec
@@ -67,6 +90,8 @@ class AudioPipeline:
         # Silence is written as codes (cheap) and zeroed after decoding: A-law has no code for 0.
         self._zero_runs: list[list[int]] = []
         self._up = Upsampler(quality)
+        self._batch = batch
+        self._pending: PendingBlocks | None = None  # blocks waiting for the batch
         self._block_ms = block_ms
         self._block_in = block_ms * SAMPLES_PER_MS
         self._block_out = self._block_in * RATIO
@@ -85,6 +110,15 @@ class AudioPipeline:
     @property
     def lookahead(self) -> int:
         return self._up.lookahead
+
+    @property
+    def upsampler(self) -> Upsampler:
+        return self._up
+
+    @property
+    def pending(self) -> bool:
+        """Blocks wait for the batch's run (their `PendingBlocks` is in an event list, not yet done)."""
+        return self._pending is not None
 
     @property
     def samples_out(self) -> int:
@@ -125,12 +159,28 @@ class AudioPipeline:
         if self._finished:
             return
         self._process(out)
+        self.resample_alone()
         tail = self._up.finish()
         self._finished = True
         if len(tail):
             self._out.append(tail)
             self._out_len += len(tail)
         self._emit(out, final=True)
+
+    def resample_alone(self) -> None:
+        """Run the pass the batch has not run yet, now, for this stream alone."""
+        if self._pending is not None:
+            up = self._up
+            self.resampled(up.resampled(up._pass(up.segment())))
+
+    def resampled(self, y: NDArray[np.float32]) -> None:
+        """The batch's output for this stream's pass: its blocks fill the `PendingBlocks`."""
+        pending = self._pending
+        assert pending is not None
+        self._pending = None
+        self._add_output(y)
+        self._emit(pending.blocks, final=False)
+        pending.done = True
 
     def _process(self, out: BlockOut) -> None:
         if self._codes:
@@ -139,14 +189,27 @@ class AudioPipeline:
                 x[start:end] = 0.0
             self._codes = bytearray()
             self._zero_runs.clear()
-            y = self._up.push(x)
-            if len(y):
-                self._out.append(y)
-                self._out_len += len(y)
+            if self._batch is None:
+                self._add_output(self._up.push(x))
+            else:
+                # A second pass before the batch runs goes first, alone: blocks keep their order.
+                self.resample_alone()
+                self._up.stage(x)
+                if self._up.due:
+                    self._pending = PendingBlocks()
+                    out.append(self._pending)
+                    self._batch.add(self)
         self._emit(out, final=False)
-        self._trigger = (self._blocks + 1) * self._block_in + self._up.lookahead
+        # The next block is due once the input covers its end and the lookahead after it.
+        lookahead, size = self._up.lookahead, self._block_in
+        self._trigger = (max(0, self.position - lookahead) // size + 1) * size + lookahead
 
-    def _emit(self, out: BlockOut, final: bool) -> None:
+    def _add_output(self, y: NDArray[np.float32]) -> None:
+        if len(y):
+            self._out.append(y)
+            self._out_len += len(y)
+
+    def _emit(self, out: _Blocks, final: bool) -> None:
         size = self._block_out
         if self._out_len < size and not (final and self._out_len):
             return

@@ -68,13 +68,14 @@ import struct
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from gateway.addresses import is_unspecified
-from gateway.audio.pipeline import SAMPLES_PER_MS, AudioBlock, AudioPipeline
+from gateway.audio.pipeline import SAMPLES_PER_MS, AudioBlock, AudioPipeline, PendingBlocks
+from gateway.audio.resample import UpsampleBatch
 from gateway.rtp.dtmf import DtmfDecoder, DtmfEvent, TelephoneEvent
 from gateway.rtp.jitter_buffer import DUPLICATE, LATE, JitterBuffer
 from gateway.rtp.packet import RtpParseError, is_stun, parse_rtcp, parse_rtp
@@ -179,9 +180,18 @@ PENDING_PLAN = MediaPlan(
 
 class MediaCore:
     def __init__(
-        self, plan: MediaPlan, config: MediaConfig, now: float, rng: random.Random | None = None
+        self,
+        plan: MediaPlan,
+        config: MediaConfig,
+        now: float,
+        rng: random.Random | None = None,
+        upsample_batch: UpsampleBatch | None = None,
     ) -> None:
-        """`rng` draws our SSRC, CNAME and report intervals (default: the OS's randomness)."""
+        """`rng` draws our SSRC, CNAME and report intervals (default: the OS's randomness).
+
+        `upsample_batch`: the process's calls resample together (`UpsampleBatch`); a block then comes
+        out once the batch has run (`audio_pending`, `take_events`), and the events after it wait with
+        it, so every event keeps its place."""
         self.config = config
         self._plan = plan
         self._kinds: dict[int, int] = {}
@@ -192,9 +202,10 @@ class MediaCore:
         self._idle_after = config.idle_fill_after_s
         self._idle_quantum = config.block_ms * SAMPLES_PER_MS
 
-        self._events: list[MediaEvent] = []
+        self._events: list[MediaEvent | PendingBlocks] = []
+        self._batched = upsample_batch is not None
         self._ready: list[tuple[int, int, bytes, float]] = []
-        self._pipeline = AudioPipeline(plan.codec, config.block_ms, config.resample_quality)
+        self._pipeline = AudioPipeline(plan.codec, config.block_ms, config.resample_quality, upsample_batch)
         self._jb: JitterBuffer[tuple[int, int, bytes, float]] = JitterBuffer(
             config.playout_delay_s, config.jitter_capacity
         )
@@ -456,6 +467,20 @@ class MediaCore:
         return self._pipeline.position
 
     @property
+    def audio_pending(self) -> bool:
+        """Audio waits for the `UpsampleBatch` to run (and the events after it with it)."""
+        return self._pipeline.pending
+
+    def take_events(self) -> Sequence[MediaEvent]:
+        """The events held behind audio that the batch has resampled since (or none)."""
+        return self._take()
+
+    def resample_alone(self) -> Sequence[MediaEvent]:
+        """Resample the audio that waits for the batch now, alone (the batch could not run it)."""
+        self._pipeline.resample_alone()
+        return self._take()
+
+    @property
     def lost_settled(self) -> int:
         """Losses that can no longer turn into late arrivals (what the metrics count)."""
         return self._jb.lost
@@ -487,11 +512,23 @@ class MediaCore:
     # --- internals -------------------------------------------------------------------------------
 
     def _take(self) -> Sequence[MediaEvent]:
-        if not self._events:
-            return _NO_EVENTS
         events = self._events
+        if not events:
+            return _NO_EVENTS
+        if not self._batched:  # no PendingBlocks among them
+            self._events = []
+            return cast(list[MediaEvent], events)
+        out: list[MediaEvent] = []
+        for i, ev in enumerate(events):
+            if isinstance(ev, PendingBlocks):
+                if not ev.done:  # this and what follows wait for the batch
+                    self._events = events[i:]
+                    return out
+                out.extend(ev.blocks)
+            else:
+                out.append(ev)
         self._events = []
-        return events
+        return out
 
     def _apply_plan(self, plan: MediaPlan) -> None:
         kinds = {plan.payload_type: KIND_AUDIO}

@@ -20,6 +20,10 @@ datagram and playout deadline; the intake wakes it once a tick (on a 2-core VM: 
 packet, a tenth of the whole; docs/benchmarks.md). It takes each datagram's arrival time from the kernel
 (SO_TIMESTAMPNS), so jitter and playout see when it came, not when it was read, and the loop's other work
 (engine results, signalling) does not wait for a tick.
+
+The calls of a manager resample together (`UpsampleBatch`, unless `batch_resample=False`): a block that
+a datagram completes is resampled, with every other call's of the same loop turn, in a callback the
+turn schedules (`loop.call_soon`), and delivered from there with the events held behind it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway import metrics
+from gateway.audio.resample import UpsampleBatch
 from gateway.rtp.media import (
     PENDING_PLAN,
     AudioBlock,
@@ -224,6 +229,7 @@ class MediaManager:
         port_max: int = 30000,
         quarantine_s: float = 2.0,
         intake_tick_s: float = 0.0,
+        batch_resample: bool = True,
     ) -> None:
         self.config = config
         self.host = host
@@ -231,6 +237,8 @@ class MediaManager:
         self.intake_tick_s = intake_tick_s
         self._intake: _Intake | None = None
         self._open: set[CallMedia] = set()
+        self.upsample_batch = UpsampleBatch(config.resample_quality) if batch_resample else None
+        self._waiting: list[CallMedia] = []  # calls whose audio waits for the batch's run
 
     @classmethod
     def from_settings(cls, settings: Settings) -> MediaManager:
@@ -286,6 +294,21 @@ class MediaManager:
             self._intake.close()
             self._intake = None
         return stats
+
+    def _wait_for_batch(self, media: CallMedia) -> None:
+        if not self._waiting:
+            media._loop.call_soon(self._run_batch)
+        self._waiting.append(media)
+
+    def _run_batch(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        assert self.upsample_batch is not None
+        try:
+            self.upsample_batch.run()
+        except Exception:  # each call then resamples its own below
+            logger.exception("batched resampling of %d calls failed", len(waiting))
+        for media in waiting:
+            media._batch_done()
 
     def _release_sockets(self, media: CallMedia, sockets: Sequence[socket.socket]) -> None:
         """A closing call's sockets, where the intake reads them (the loop's transports close their own)."""
@@ -343,7 +366,8 @@ class CallMedia:
         self._manager = manager
         self._sink = sink
         self._loop = loop
-        self._core = MediaCore(plan, manager.config, loop.time())
+        self._core = MediaCore(plan, manager.config, loop.time(), upsample_batch=manager.upsample_batch)
+        self._waits = False  # in the manager's list of calls whose audio waits for the batch
         self._transports: list[asyncio.DatagramTransport] = []
         self._sockets: tuple[socket.socket, ...] = ()  # (RTP, RTCP): read dry at close
         self._timer: asyncio.TimerHandle | None = None
@@ -371,6 +395,7 @@ class CallMedia:
         if self._final is not None:
             return
         self._deliver(self._core.update(plan, self._loop.time()))
+        self._check_batch()
         self._schedule()
 
     def close(self) -> MediaStats:
@@ -447,6 +472,7 @@ class CallMedia:
             events = self._core.datagram(data, addr, now)
         if events:
             self._deliver(events)
+        self._check_batch()
         deadline = self._core.next_deadline()
         if deadline is not None and deadline < self._timer_at:
             self._schedule()
@@ -458,10 +484,24 @@ class CallMedia:
             return
         now = self._loop.time()
         self._deliver(self._core.handle_timer(now))
+        self._check_batch()
         if now >= self._metrics_at:
             self._publish_metrics()
             self._metrics_at = now + METRICS_PERIOD_S
         self._schedule()
+
+    def _check_batch(self) -> None:
+        if self._core.audio_pending and not self._waits:
+            self._waits = True
+            self._manager._wait_for_batch(self)
+
+    def _batch_done(self) -> None:
+        """The batch has run: deliver the blocks and the events held behind them (a pass the batch did
+        not run, after a failure, runs alone here)."""
+        self._waits = False
+        if self._final is not None:  # closing ran the pass alone and delivered everything
+            return
+        self._deliver(self._core.resample_alone() if self._core.audio_pending else self._core.take_events())
 
     def _schedule(self) -> None:
         when = self._metrics_at

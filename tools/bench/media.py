@@ -65,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="UDP: run each call's ASR front end on its blocks (a media worker's whole work per call)",
     )  # fmt: skip
     parser.add_argument("--model", default=None, help="--front-end: the bundle (default: the embedded demo)")
+    parser.add_argument(
+        "--resample", choices=["batched", "alone"], nargs="+", default=["batched"],
+        help="UDP: the receiver's calls resampled together once a loop turn (as in the daemon), or each "
+        "call's blocks as they come; several: one run each, in turn",
+    )  # fmt: skip
     parser.add_argument("--skip-udp", action="store_true")
     parser.add_argument("--out", default="var/bench/media.json", help="where to save the numbers")
 
@@ -220,7 +225,8 @@ async def _receive(
     spread: bool = False,
     tick_ms: float = 0.0,
     factory: FrontEndFactory | None = None,
-) -> dict[str, float]:
+    batched: bool = True,
+) -> dict[str, Any]:
     config = MediaConfig(block_ms=block_ms, idle_fill_after_s=0.0)
     mgr = MediaManager(
         config,
@@ -228,6 +234,7 @@ async def _receive(
         port_min=46000,
         port_max=46000 + 4 * calls + 200,
         intake_tick_s=tick_ms / 1000,
+        batch_resample=batched,
     )
     sinks = [
         _CountingSink() if factory is None else _FrontEndSink(factory.stream(factory.spec.default_lookahead))
@@ -247,6 +254,7 @@ async def _receive(
     await asyncio.sleep(seconds - 1.5)
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     p1 = sum(m.stats().packets_received for m in medias)
+    batch = mgr.upsample_batch
     wall = time.monotonic() - w0
     proc.join()
     stats = [m.close() for m in medias]
@@ -261,6 +269,9 @@ async def _receive(
         "chunks": sum(sink.chunks for sink in sinks if isinstance(sink, _FrontEndSink)),
         "spread": spread,
         "tick_ms": tick_ms,
+        "resample": "batched" if batched else "alone",
+        # Passes a batch run (over the whole run, warm-up included).
+        "passes_per_batch": batch.passes / max(1, batch.runs) if batch is not None else 1.0,
         "packets_per_s": packets / wall,
         "cpu_us_per_packet": cpu / max(packets, 1) * 1e6,
         "user_us_per_packet": user / max(packets, 1) * 1e6,
@@ -281,8 +292,9 @@ def bench_udp(
     spread: bool = False,
     tick_ms: float = 0.0,
     factory: FrontEndFactory | None = None,
-) -> dict[str, float]:
-    receive = _receive(calls, seconds, block_ms, spread, tick_ms, factory)
+    batched: bool = True,
+) -> dict[str, Any]:
+    receive = _receive(calls, seconds, block_ms, spread, tick_ms, factory, batched)
     if loop_kind == "uvloop":
         import uvloop
 
@@ -306,11 +318,13 @@ def main(args: argparse.Namespace) -> int:
         loops = ["asyncio", "uvloop"] if args.loop == "both" else [args.loop]
         results["udp"] = []  # one run per loop and tick, in the order run (a tick given twice runs twice)
         factory = front_end_factory(args.model) if args.front_end else None
-        for kind, tick in itertools.product(loops, args.intake_tick_ms):
-            r = bench_udp(args.calls, args.seconds, kind, args.block_ms, args.spread, tick, factory)
+        for kind, tick, how in itertools.product(loops, args.intake_tick_ms, args.resample):
+            batched = how == "batched"
+            r = bench_udp(args.calls, args.seconds, kind, args.block_ms, args.spread, tick, factory, batched)
             results["udp"].append({"loop": kind, **r})
             what = "UDP + front end" if args.front_end else "UDP"
-            print(f"{what} {kind:8s} intake {tick:g} ms, {r['calls']} calls: {r['packets_per_s']:.0f} pkt/s, "
+            print(f"{what} {kind:8s} intake {tick:g} ms, resample {how} ({r['passes_per_batch']:.1f} a run), "
+                  f"{r['calls']} calls: {r['packets_per_s']:.0f} pkt/s, "
                   f"{r['cpu_us_per_packet']:.2f} µs CPU/packet (user {r['user_us_per_packet']:.2f}, "
                   f"system {r['system_us_per_packet']:.2f}), {100 * r['core_share']:.1f} % of a core, "
                   f"jitter {r['jitter_ms_mean']:.2f} ms, lost {r['lost']}, late {r['late']}")  # fmt: skip

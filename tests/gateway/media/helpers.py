@@ -10,6 +10,7 @@ import soxr
 from numpy.typing import NDArray
 
 from gateway.audio import g711
+from gateway.audio.resample import UpsampleBatch
 from gateway.rtp.dtmf import TelephoneEvent
 from gateway.rtp.media import AudioBlock, DtmfDigit, MediaConfig, MediaCore, MediaEvent, MediaTimeout
 from gateway.rtp.sender import ScheduledPacket
@@ -37,9 +38,14 @@ class Driver:
     config: MediaConfig = field(default_factory=MediaConfig)
     now: float = 0.0
     events: list[MediaEvent] = field(default_factory=list)
+    batch: UpsampleBatch | None = None  # resample with other calls: `take()` after the batch runs
 
     def __post_init__(self) -> None:
-        self.core = MediaCore(self.plan, self.config, self.now)
+        self.core = MediaCore(self.plan, self.config, self.now, upsample_batch=self.batch)
+
+    def take(self) -> None:
+        """The events held behind audio the batch has resampled since."""
+        self.events += self.core.take_events()
 
     def run_until(self, t: float) -> None:
         while True:

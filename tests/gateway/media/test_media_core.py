@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.audio import g711
+from gateway.audio.resample import UpsampleBatch
 from gateway.rtp.dtmf import TelephoneEvent
-from gateway.rtp.media import MediaConfig
+from gateway.rtp.media import AudioBlock, DtmfDigit, MediaConfig, MediaEvent, MediaTimeout
 from gateway.rtp.packet import RtpPacket, parse_rtp
 from gateway.rtp.sender import Impairments, RtpSender
 from tests.gateway.media.helpers import (
@@ -587,3 +589,55 @@ def test_dtmf_events_racing_ahead_keep_the_timeline_within_the_wall_clock_plus_m
     assert len(d.digits) == 299  # every key press is still reported once
     assert max_lead <= 5000 * 8
     assert d.core.stats().audio_ms <= (t - first) * 1000 + 5000 + 80
+
+
+def _comparable(events: Sequence[MediaEvent]) -> list[tuple[object, ...]]:
+    out: list[tuple[object, ...]] = []
+    for e in events:
+        if isinstance(e, AudioBlock):
+            out.append(("audio", e.start_ms, e.pcm.tobytes()))
+        elif isinstance(e, DtmfDigit):
+            out.append(("dtmf", e.digit, e.start_ms, e.duration_ms))
+        elif isinstance(e, MediaTimeout):
+            out.append(("timeout", e.on_hold))
+    return out
+
+
+def test_calls_resampled_in_one_batch_get_the_events_each_gets_alone_in_the_same_order() -> None:
+    """Two calls whose blocks are resampled together (the receiver runs the batch once a loop turn, here
+    every 20 ms of the fake clock) get, sample for sample and in the same order among their DTMF and
+    timeouts, the events each gets resampling its own."""
+    pcm = speech_like(16000, seed=3)
+    a = RtpSender("PCMU", ssrc=0xA, seq=65500, timestamp=2**32 - 4000)
+    a.audio(pcm[:9600]).silence(400, comfort_noise=True).audio(pcm[9600:12800]).dtmf("5", 200)
+    a.audio(pcm[12800:16000]).change_ssrc(0xB, seq=1000, timestamp=123456).audio(pcm[:4800])
+    wire_a = Impairments.of(loss={10, 11, 45}, duplicate={20}, delay={30: 0.03}).apply(a.packets)
+    b = RtpSender("PCMA", ssrc=0xC).audio(speech_like(9000, seed=5)).dtmf("#", 120).audio(pcm[:3000])
+    wire_b = b.packets
+    plans, wires = (PLAN_PCMU, PLAN_PCMA), (wire_a, wire_b)
+    end = max(wire_a[-1].at, wire_b[-1].at) + 1.0
+
+    alone = [Driver(plan=plan, config=NO_IDLE) for plan in plans]
+    for d, wire in zip(alone, wires, strict=True):
+        d.play(wire)
+        d.close(end)
+
+    batch = UpsampleBatch()
+    together = [Driver(plan=plan, config=NO_IDLE, batch=batch) for plan in plans]
+    arrivals = sorted((p.at, i, p.data) for i, wire in enumerate(wires) for p in wire)
+    widest, turn_end = 0, 0.02
+    for at, i, data in arrivals:
+        if at >= turn_end:  # the turn's end: the batch runs, the held events come out
+            widest = max(widest, len(batch))
+            batch.run()
+            for d in together:
+                d.take()
+            turn_end = (at // 0.02 + 1) * 0.02
+        together[i].send(data, at)
+    for d in together:
+        d.close(end)  # a pass still waiting runs alone
+
+    assert widest >= 2  # the calls' blocks did share passes
+    for d_alone, d_together in zip(alone, together, strict=True):
+        assert _comparable(d_together.events) == _comparable(d_alone.events)
+    assert [digit for digit, _, _ in together[0].digits] == ["5"]

@@ -7,8 +7,8 @@ import pytest
 import soxr
 
 from gateway.audio import g711
-from gateway.audio.pipeline import AudioBlock, AudioPipeline
-from gateway.audio.resample import Upsampler, filter_reach
+from gateway.audio.pipeline import AudioBlock, AudioPipeline, PendingBlocks
+from gateway.audio.resample import UpsampleBatch, Upsampler, filter_reach
 
 
 def noise(n: int, seed: int = 0) -> np.ndarray:
@@ -57,6 +57,43 @@ def test_push_after_finish_is_an_error() -> None:
     up.finish()
     with pytest.raises(RuntimeError):
         up.push(noise(10))
+
+
+class _Job:
+    def __init__(self, upsampler: Upsampler) -> None:
+        self.upsampler = upsampler
+        self.out: list[np.ndarray] = []
+
+    def resampled(self, out: np.ndarray) -> None:
+        self.out.append(out)
+
+
+def test_streams_resampled_in_one_batch_get_exactly_what_each_gets_alone() -> None:
+    """One soxr pass of C channels per segment length gives every stream, sample for sample, what its
+    own pass gives: streams pushing equal and unequal amounts, one added twice, one not due."""
+    sizes = [640, 640, 640, 700, 160, 5000, 3]
+    rng = np.random.default_rng(7)
+    signals = [(rng.standard_normal(6 * n) * 0.3).astype(np.float32) for n in sizes]
+    alone = [Upsampler() for _ in sizes]
+    jobs = [_Job(Upsampler()) for _ in sizes]
+    batch = UpsampleBatch()
+    widest = 0
+    for step in range(6):
+        expected = []
+        for i, n in enumerate(sizes):
+            x = signals[i][step * n : (step + 1) * n]
+            expected.append(alone[i].push(x))
+            jobs[i].upsampler.stage(x)
+            if jobs[i].upsampler.due:
+                batch.add(jobs[i])
+        batch.add(jobs[0])  # twice: runs once
+        widest = max(widest, len(batch))
+        batch.run()
+        for i, job in enumerate(jobs):
+            got = job.out.pop() if job.out else np.zeros(0, np.float32)
+            assert not job.out
+            assert np.array_equal(got, expected[i]), (step, sizes[i])
+    assert widest >= 4 and len(batch) == 0
 
 
 def collect(pipeline: AudioPipeline, script: list[tuple[str, object]]) -> list[AudioBlock]:
@@ -130,3 +167,32 @@ def test_a_block_is_emitted_as_soon_as_its_end_plus_the_lookahead_has_arrived() 
     assert out == []
     p.append_silence(1, out)
     assert [b.start_ms for b in out] == [0]
+
+
+def test_a_batched_pipeline_leaves_a_place_for_its_blocks_and_fills_it_when_the_batch_runs() -> None:
+    """With a batch, a block's place in the output is a `PendingBlocks`, filled when the batch runs with
+    exactly the blocks the pipeline gives alone; `finish` runs a pass the batch has not run, alone."""
+    codes = g711.encode((noise(6000, 4) * 20000).astype(np.int16), "PCMU")
+    alone: list[AudioBlock] = []
+    solo = AudioPipeline("PCMU", block_ms=80)
+    batch = UpsampleBatch()
+    batched = AudioPipeline("PCMU", block_ms=80, batch=batch)
+    out: list[AudioBlock | PendingBlocks] = []
+    for i in range(0, len(codes), 160):
+        solo.append_codes(codes[i : i + 160], alone)
+        batched.append_codes(codes[i : i + 160], out)
+        if batched.pending:
+            assert isinstance(out[-1], PendingBlocks) and not out[-1].done
+            if i < 3000:
+                assert len(batch) == 1
+                batch.run()
+                assert out[-1].done and not batched.pending
+            # Past 3000 the batch never runs: each next pass runs the one before alone, and the finish
+            # the last.
+    solo.finish(alone)
+    batched.finish(out)
+    blocks: list[AudioBlock] = []
+    for item in out:
+        blocks.extend(item.blocks if isinstance(item, PendingBlocks) else [item])
+    assert [b.start_ms for b in blocks] == [b.start_ms for b in alone]
+    assert all(np.array_equal(a.pcm, b.pcm) for a, b in zip(blocks, alone, strict=True))
