@@ -170,8 +170,7 @@ class AudioPipeline:
     def resample_alone(self) -> None:
         """Run the pass the batch has not run yet, now, for this stream alone."""
         if self._pending is not None:
-            up = self._up
-            self.resampled(up.resampled(up._pass(up.segment())))
+            self.resampled(self._up.run_due())
 
     def resampled(self, y: NDArray[np.float32]) -> None:
         """The batch's output for this stream's pass: its blocks fill the `PendingBlocks`."""

@@ -59,7 +59,7 @@ class Upsampler:
 
     def push(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
         self.stage(x)
-        return self.resampled(self._pass(self.segment())) if self.due else _EMPTY
+        return self.run_due()
 
     def finish(self) -> NDArray[np.float32]:
         """The remaining output, as if the input were followed by silence; then exactly 2× the input."""
@@ -69,14 +69,14 @@ class Upsampler:
         pending = len(self._buf) - self._context
         self._buf = np.concatenate([self._buf, np.zeros(self.lookahead, dtype=np.float32)])
         self._n_new = max(0, pending)
-        return self.resampled(self._pass(self.segment())) if self.due else _EMPTY
+        return self.run_due()
 
     # The pass in three steps, for `UpsampleBatch` to run many streams' passes together: `stage` the
     # input; while `due`, `segment()` is what the pass resamples and `resampled(y)` takes its output.
 
     def stage(self, x: NDArray[np.float32]) -> None:
         if self._finished:
-            raise RuntimeError("push() after finish()")
+            raise RuntimeError("input after finish()")
         if len(x) == 0:
             return
         self.samples_in += len(x)
@@ -103,9 +103,12 @@ class Upsampler:
         self.samples_out += len(out)
         return out
 
-    def _pass(self, segment: NDArray[np.float32]) -> NDArray[np.float32]:
+    def run_due(self) -> NDArray[np.float32]:
+        """The due pass, alone: its new output (none when nothing is due)."""
+        if not self.due:
+            return _EMPTY
         self._stream.clear()  # a fresh pass over the segment: soxr output for it equals the one-shot's
-        return self._stream.resample_chunk(segment, last=True)
+        return self.resampled(self._stream.resample_chunk(self.segment(), last=True))
 
 
 class UpsampleBatch:

@@ -308,7 +308,10 @@ class MediaManager:
         except Exception:  # each call then resamples its own below
             logger.exception("batched resampling of %d calls failed", len(waiting))
         for media in waiting:
-            media._batch_done()
+            try:
+                media._batch_done()
+            except Exception:  # as a failing datagram would: logged, the other calls served
+                logger.exception("media %s failed on its resampled audio", media.name)
 
     def _release_sockets(self, media: CallMedia, sockets: Sequence[socket.socket]) -> None:
         """A closing call's sockets, where the intake reads them (the loop's transports close their own)."""

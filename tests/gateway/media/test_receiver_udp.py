@@ -214,6 +214,39 @@ async def test_a_failing_sink_does_not_stop_the_media() -> None:
     ]  # block 0 was lost in the sink
 
 
+@pytest.mark.parametrize("batch_fails", [False, True], ids=["batched", "batch-fails"])
+async def test_calls_resampled_together_each_get_their_exact_audio_even_when_the_batch_fails(
+    batch_fails: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four calls' blocks resample in the manager's batch, once a loop turn; each call's audio is its
+    own, sample for sample. A batch that raises is logged and each call then resamples its own."""
+    mgr = manager()
+    assert mgr.upsample_batch is not None
+    if batch_fails:
+        monkeypatch.setattr(mgr.upsample_batch, "run", lambda: 1 / 0)
+    senders = [
+        RtpSender("PCMU", ssrc=20 + i, seq=1, timestamp=0).audio(speech_like(4000, 10 + i)) for i in range(4)
+    ]
+    sinks = [RecordingSink() for _ in senders]
+    medias = [await mgr.open(PLAN, sink) for sink in sinks]
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sending = (paced(tx, m.port, s.packets, speed=10.0) for m, s in zip(medias, senders, strict=True))
+        await asyncio.gather(*sending)
+        for media, sender in zip(medias, senders, strict=True):
+            await settle(media, len(sender.packets))
+        await asyncio.sleep(0.3)  # past the playout delay
+    finally:
+        tx.close()
+    passes = mgr.upsample_batch.passes
+    for media, sink, sender in zip(medias, sinks, senders, strict=True):
+        assert len(sink.blocks) >= 6  # delivered while the call runs, not only by the close
+        media.close()
+        assert_audio_matches(sink.audio, oracle(sender.packets).pcm8k)
+        assert [start for start, _ in sink.blocks] == [80 * k for k in range(len(sink.blocks))]
+    assert (passes == 0) == batch_fails
+
+
 async def test_packets_that_arrived_before_the_close_are_not_lost_with_the_socket() -> None:
     # A BYE handled before the last packets were read (the loop serves ready sockets in any order):
     # closing reads what the kernel holds first, so the call's last audio is in its stats and stream.
