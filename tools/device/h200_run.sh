@@ -295,8 +295,9 @@ share)
     for _ in $(seq "$burn"); do timeout 400 python3 -c "while True: pass" & burners+=($!); done
     rm -rf /tmp/share_barrier
     benches=()
+    rm -f /tmp/share_apps.csv
     nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader -l 2 \
-      | sed "s/^/$spec, /" >> "$OUT/apps.csv" 2>/dev/null &
+      -f /tmp/share_apps.csv 2>/dev/null &
     smi=$!
     for i in $(seq "$k"); do
       timeout $(( 2 * ${SHARE_SECONDS:-40} + 150 )) python3 -m gateway.cli bench engine-procs --model /tmp/full \
@@ -308,6 +309,7 @@ share)
     done
     wait "${benches[@]}"
     kill "$smi" 2>/dev/null
+    sed "s/^/$spec, /" /tmp/share_apps.csv >> "$OUT/apps.csv" 2>/dev/null
     # (`wait` with no PIDs would wait for this script's log tee too)
     if [ "$burn" -gt 0 ]; then kill "${burners[@]}" 2>/dev/null; wait "${burners[@]}" 2>/dev/null; fi
     if [ "$mps" = 1 ]; then
