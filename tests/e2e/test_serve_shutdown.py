@@ -82,7 +82,8 @@ async def test_a_second_signal_cuts_the_grace_period_short_and_still_ends_every_
     gw = serve(bundle=tiny_bundle, redis_url=redis_url, env={"TTG_DAEMON__SHUTDOWN_GRACE_S": "600"})
     await asyncio.to_thread(gw.start)
     callers = _talk_until_hung_up(gw, short_speech, tmp_path, calls=2)
-    await until(lambda: gw.metric("ttg_active_calls") == 2, "2 calls up", timeout_s=40)
+    # Answered and transcribing (a call still being set up when the signal comes is refused, 503).
+    await until(lambda: _transcribing(redis_url) == 2, "2 calls transcribing", timeout_s=40)
     gw.signal(signal.SIGTERM)
     await until(
         lambda: "draining: 2 calls may go on" in gw.log(), "draining with a 600 s grace", timeout_s=10
@@ -103,12 +104,7 @@ async def test_sigterm_to_the_whole_process_group_drains_as_one_to_the_daemon(
     gw = serve(bundle=tiny_bundle, redis_url=redis_url, env={"TTG_DAEMON__SHUTDOWN_GRACE_S": "1"})
     await asyncio.to_thread(gw.start)
     callers = _talk_until_hung_up(gw, short_speech, tmp_path, calls=2)
-
-    def talking() -> bool:
-        entries = read_stream(redis_url, STREAM)
-        return len({f["call_id"] for _, f in entries if f["type"] in ("partial", "final")}) == 2
-
-    await until(talking, "2 calls transcribing", timeout_s=40)
+    await until(lambda: _transcribing(redis_url) == 2, "2 calls transcribing", timeout_s=40)
     gw.signal_group(signal.SIGTERM)
     assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
     report = _hung_up_and_audited(await callers, redis_url, calls=2)
@@ -117,6 +113,12 @@ async def test_sigterm_to_the_whole_process_group_drains_as_one_to_the_daemon(
         assert events[-2]["type"] == "final" and events[-2]["text"]
     log = gw.log()
     assert "is gone" not in log and "exited with status" not in log, gw.log_tail(40)
+
+
+def _transcribing(redis_url: str) -> int:
+    """Calls with a partial or a final in the stream: answered, their audio through the engine."""
+    entries = read_stream(redis_url, STREAM)
+    return len({f["call_id"] for _, f in entries if f["type"] in ("partial", "final")})
 
 
 def _talk_until_hung_up(gw: Serve, speech: Speech, tmp_path: Path, calls: int) -> asyncio.Task[SippResult]:
