@@ -15,10 +15,10 @@
 # 8 files; default: all). BUDGET: seconds for all of it (the call's limit less a margin); each run is cut at
 # what is left, and a run that would start with less than MIN_S (default 60) left does not start.
 #
-# Codes: the code before's kernels (the engine's warm-ups, tools.bench.gpu_kernels) compile beside the first
-# run's preamble, into a PTX cache of their own (MLX_PTX_CACHE_DIR: two processes must not write one cache),
-# which then takes in the first run's kernels; a kernel the two codes share compiles twice, on cores the
-# preamble leaves idle.
+# Codes: the code before's kernels (the engine's warm-ups, tools.bench.gpu_kernels) compile after the first
+# run, into a PTX cache of their own (MLX_PTX_CACHE_DIR: two processes must not write one cache) that starts
+# as a copy of the first run's, so only the kernels the codes do not share compile. Not beside the first
+# run: on an 80 GB card that warm-up beside the run's own warm-up or its engines runs the card out of memory.
 set -uo pipefail
 phase=${1:?usage: ab.sh PHASE [ARG]}
 arg=${2:-}
@@ -55,14 +55,15 @@ fi
 # The carried tree has no links (a device call copies files): the code before runs through this kit.
 ln -sfn ../.whl ../.kit ../tools .before/
 before_cache=/tmp/ptx_before
+run "$OUT/after"
+mkdir -p "$before_cache" && cp -n /tmp/mlx/*/ptx/* "$before_cache"/ 2>/dev/null
+log "before: kernel warm-up"
 (
   cd .before && export PYTHONPATH=/tmp/site:$PWD MLX_PTX_CACHE_DIR=$before_cache
-  python3 -m tools.bench.gpu_kernels --warm-buckets "${MAX_BATCH:-512}" 2>&1 | tail -2 | sed 's/^/before: /'
-) >> "$OUT/ab.log" &
-warm=$!
-run "$OUT/after"
-wait "$warm"
-mkdir -p "$before_cache" && cp -n /tmp/mlx/*/ptx/* "$before_cache"/ 2>/dev/null
+  s=$(left); [ "$s" -gt 1 ] || s=1
+  timeout "$s" python3 -m tools.bench.gpu_kernels --warm-buckets "${MAX_BATCH:-512}" 2>&1 | tail -2 \
+    | sed 's/^/before: /'
+) >> "$OUT/ab.log"
 (cd .before && export MLX_PTX_CACHE_DIR=$before_cache && run "$OUT/before")
 # A gateway run names the checkout it ran (summary.json's "repo"): the code before's must be .before/.
 if [ -f "$OUT/before/summary.json" ] && ! grep -q '"repo": "[^"]*/\.before"' "$OUT/before/summary.json"; then

@@ -96,7 +96,9 @@ engine)
   ;;
 gateway)
   # The bench writes its summary after every level; copy it out as it grows, so that a run cut short
-  # by the time limit still brings back the levels it finished.
+  # by the time limit still brings back the levels it finished (and only this run's: a summary left by
+  # the run before must not pass for one).
+  rm -rf /tmp/gw
   python3 -m gateway.cli bench gateway --levels "$levels" --call-seconds "${CALL_SECONDS:-20}" --cps 100 \
     --calls-per-replay 700 --audio "$KIT_AUDIO" --redis-server "$KIT_REDIS" \
     --env TTG_MODEL__DIR=/tmp/full --env TTG_MODEL__PRECISION=f16 --env TTG_DECODER__MODE=device \
