@@ -256,7 +256,9 @@ async def _receive(
     p1 = sum(m.stats().packets_received for m in medias)
     batch = mgr.upsample_batch
     wall = time.monotonic() - w0
-    proc.join()
+    # The calls keep receiving until the sender is done (a join on the loop's thread would leave its last
+    # datagrams to the close, each call's passes resampled alone there).
+    await asyncio.to_thread(proc.join)
     stats = [m.close() for m in medias]
     user = r1.ru_utime - r0.ru_utime
     system = r1.ru_stime - r0.ru_stime
