@@ -4,6 +4,13 @@
   cblas_* symbols when mlx.core loads; a library loaded earlier with RTLD_GLOBAL wins, one loaded later
   is never used. Measured on the 2-core dev VM: fp32 1024x1024x4096 matmul 7.5 GFLOP/s (bundled BLAS)
   vs 242 GFLOP/s (openblas-pthread). Opt out with TTG_NO_OPENBLAS=1; a missing library is not an error.
+- it names the library's kernels where the library does not know the CPU (`core_for`). OpenBLAS built for
+  many CPUs (Debian's) picks its kernels by the CPU's model number when it loads; one older than the CPU
+  (bookworm's 0.3.21 on a 5th-generation Xeon, model 207) falls back to its SSE3 "Prescott" kernels, 5x
+  slower than the AVX-512 ones the CPU runs (docs/benchmarks.md, "OpenBLAS's kernels"). The choice is
+  read once, at load, from OPENBLAS_CORETYPE: a child process loads the library to read what it picks
+  alone, and this process sets the variable before its own load (the processes it starts inherit it).
+  An operator's own OPENBLAS_CORETYPE is kept.
 - it runs numpy's bundled OpenBLAS single-threaded (`limit_numpy_blas_threads`, which the engine's
   start also applies).
 A process that also runs torch passes `torch=True`: torch is then imported first. Its library exports
@@ -19,6 +26,8 @@ import ctypes
 import glob
 import logging
 import os
+import platform
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -29,6 +38,67 @@ _CANDIDATES = (
     "/usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3",
 )
 _loaded: str | None = None
+# What OpenBLAS's x86-64 builds run on a CPU whose model they do not know.
+_FALLBACK_CORE = "Prescott"
+# The kernels a CPU's feature flags can run, best first: AVX-512 (SkylakeX's also serve Cooper Lake and
+# Sapphire Rapids for fp32), then AVX2 with FMA.
+_CORES_BY_FLAGS = (
+    ("SkylakeX", frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})),
+    ("Haswell", frozenset({"avx2", "fma"})),
+)
+
+
+def core_for(detected: str, cpu_flags: frozenset[str]) -> str | None:
+    """The kernels to name where OpenBLAS fell back to its generic ones on a CPU that runs better
+    (None: keep what it chose)."""
+    if detected.lower() != _FALLBACK_CORE.lower():
+        return None
+    return next((core for core, needs in _CORES_BY_FLAGS if needs <= cpu_flags), None)
+
+
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+_PROBE = """
+import ctypes, sys
+name = ctypes.CDLL(sys.argv[1]).openblas_get_corename
+name.restype = ctypes.c_char_p
+print(name().decode())
+"""
+
+
+def _detected_core(path: str) -> str | None:
+    """The kernels `path` picks for this CPU on its own, read in a child process (the choice is made
+    when the library loads, once per process)."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    try:
+        res = subprocess.run(
+            [sys.executable, "-S", "-c", _PROBE, path], env=env, capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (res.stdout.strip() or None) if res.returncode == 0 else None
+
+
+def _name_kernels(path: str) -> None:
+    """Set OPENBLAS_CORETYPE before `path` loads where the library would fall back (`core_for`)."""
+    if os.environ.get("OPENBLAS_CORETYPE") or platform.machine() != "x86_64":
+        return
+    detected = _detected_core(path)
+    core = core_for(detected, _cpu_flags()) if detected else None
+    if core is not None:
+        os.environ["OPENBLAS_CORETYPE"] = core
+        logger.info(
+            "OpenBLAS (%s) picks its %s kernels on this CPU; running its %s ones", path, detected, core
+        )
 
 
 def preload_openblas() -> str | None:
@@ -46,6 +116,7 @@ def preload_openblas() -> str | None:
         return None
     for path in _CANDIDATES:
         if os.path.exists(path):
+            _name_kernels(path)
             try:
                 ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
             except OSError:
@@ -57,6 +128,22 @@ def preload_openblas() -> str | None:
 
 def openblas_path() -> str | None:
     return _loaded
+
+
+def cpu_matmuls() -> str:
+    """What runs MLX's CPU matmuls in this process, for the engine's start-up log."""
+    if _loaded is None:
+        if not sys.platform.startswith("linux"):
+            return "MLX's own BLAS (Accelerate on macOS)"
+        return "MLX's bundled BLAS (~30x slower than OpenBLAS: see asr_core._blas)"
+    name = getattr(ctypes.CDLL(_loaded), "openblas_get_corename", None)
+    if name is None:
+        return _loaded
+    name.restype = ctypes.c_char_p
+    chosen = os.environ.get("OPENBLAS_CORETYPE")
+    return f"OpenBLAS ({_loaded}), its {name().decode()} kernels" + (
+        f" (OPENBLAS_CORETYPE={chosen})" if chosen else ""
+    )
 
 
 def set_openblas_threads(n: int) -> int | None:

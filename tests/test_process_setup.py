@@ -1,6 +1,6 @@
 """Importing asr_core changes nothing in the process; `configure_process()` is the explicit set-up that
-the programs running MLX make: OpenBLAS under MLX's CPU matmuls, numpy's BLAS on one thread, MLX's CUDA
-graphs off unless the environment chose.
+the programs running MLX make: OpenBLAS under MLX's CPU matmuls, with kernels the CPU runs, numpy's BLAS
+on one thread, MLX's CUDA graphs off unless the environment chose.
 
 Each check runs in a fresh interpreter, since the test session itself has been set up (conftest), with
 an environment of its own (`fresh_env`)."""
@@ -8,12 +8,17 @@ an environment of its own (`fresh_env`)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from asr_core._blas import core_for
 from asr_core._process import MLX_DEFAULTS
 from tests.fixtures import peers
 
@@ -39,7 +44,8 @@ def in_fresh_interpreter(code: str, *args: str, **env: str) -> Any:
     """What `code` (run with `args`) prints last, as JSON. Its environment is this one without what the
     test session's own set-up put in it and without TTG_ settings, plus `env`; numpy's BLAS starts with
     two threads, whatever the machine."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("TTG_") and k not in MLX_DEFAULTS}
+    session = {*MLX_DEFAULTS, "OPENBLAS_CORETYPE"}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TTG_") and k not in session}
     res = subprocess.run(
         [sys.executable, "-c", code, *args],
         cwd=REPO, env={**base, "OPENBLAS_NUM_THREADS": "2", **env}, capture_output=True, text=True,
@@ -112,6 +118,61 @@ print(json.dumps(["openblas-pthread" in open("/proc/self/maps").read(), numpy_th
         for program in ("asr_core.host", "gateway.workers.media_worker")
     }
     assert found == {"asr_core.host": [True, [1], "0"], "gateway.workers.media_worker": [False, [1], None]}
+
+
+AVX512 = frozenset({"sse3", "avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
+
+
+def test_openblas_falling_back_to_its_generic_kernels_gets_the_best_the_cpu_runs() -> None:
+    assert core_for("Prescott", AVX512) == "SkylakeX"
+    assert core_for("Prescott", AVX512 - {"avx512bw"}) == "Haswell"
+    assert core_for("Prescott", frozenset({"sse3", "avx"})) is None  # nothing better to name
+
+
+def test_openblas_knowing_the_cpu_keeps_its_own_choice() -> None:
+    for detected in ("Haswell", "Zen", "SkylakeX", "SapphireRapids", "Sandybridge"):
+        assert core_for(detected, AVX512) is None
+
+
+CORE = """
+import ctypes, json, os
+from asr_core import configure_process
+path = configure_process()
+name = ctypes.CDLL(path).openblas_get_corename
+name.restype = ctypes.c_char_p
+flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":")[1].split()
+print(json.dumps([name().decode(), flags, os.environ.get("OPENBLAS_CORETYPE")]))
+"""
+
+
+@peers.linux_only
+def test_mlxs_openblas_runs_kernels_this_cpu_supports_not_its_fallback() -> None:
+    """Debian bookworm's OpenBLAS runs SSE3 kernels on CPUs newer than it (5x slower matmuls); the set-up
+    names better ones where the CPU has them. On any CPU: what runs is not a fallback `core_for` would
+    replace."""
+    if platform.machine() != "x86_64":
+        pytest.skip("OpenBLAS names its fallback kernels on x86-64")
+    running, flags, _ = in_fresh_interpreter(CORE)
+    assert core_for(running, frozenset(flags)) is None, (
+        f"{running} kernels on a CPU with {sorted(f for f in flags if f.startswith(('avx', 'fma')))}"
+    )
+
+
+@peers.linux_only
+def test_an_operators_own_openblas_kernels_are_kept() -> None:
+    assert in_fresh_interpreter(CORE, OPENBLAS_CORETYPE="Prescott")[::2] == ["Prescott", "Prescott"]
+
+
+@peers.linux_only
+def test_the_models_load_on_the_cpu_names_what_runs_its_matmuls(caplog: pytest.LogCaptureFixture) -> None:
+    from asr_core.model import AsrModel, embedded_model_dir
+
+    model_dir = embedded_model_dir()
+    assert model_dir is not None, "the demo model ships with the package"
+    with caplog.at_level(logging.INFO, logger="asr_core.model"):
+        AsrModel.load(model_dir, "f32")
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CPU matmuls")]
+    assert line.startswith("CPU matmuls: OpenBLAS (") and " kernels" in line, line
 
 
 def test_an_operators_own_cuda_graph_setting_is_kept() -> None:
