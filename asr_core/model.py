@@ -205,11 +205,11 @@ class AsrModel:
                 "accelerator memory for this process: %.1f GiB, of it at most %.1f GiB of cached buffers",
                 memory / 2**30, cache / 2**30,
             )  # fmt: skip
-        else:
+        bundle = load_bundle(Path(model_dir), precision)
+        if device == "cpu":
             from asr_core._blas import cpu_matmuls
 
             logger.info("CPU matmuls: %s", cpu_matmuls())
-        bundle = load_bundle(Path(model_dir), precision)
         # Materialize the weights here: MLX streams are thread-local (mlx >= 0.31.2), so nothing the
         # MLX thread reads may still be an unevaluated graph of this thread's stream.
         mx.eval(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -146,12 +145,11 @@ print(json.dumps([name().decode(), flags, os.environ.get("OPENBLAS_CORETYPE")]))
 
 
 @peers.linux_only
+@peers.x86_64_only
 def test_mlxs_openblas_runs_kernels_this_cpu_supports_not_its_fallback() -> None:
     """Debian bookworm's OpenBLAS runs SSE3 kernels on CPUs newer than it (5x slower matmuls); the set-up
     names better ones where the CPU has them. On any CPU: what runs is not a fallback `core_for` would
     replace."""
-    if platform.machine() != "x86_64":
-        pytest.skip("OpenBLAS names its fallback kernels on x86-64")
     running, flags, _ = in_fresh_interpreter(CORE)
     assert core_for(running, frozenset(flags)) is None, (
         f"{running} kernels on a CPU with {sorted(f for f in flags if f.startswith(('avx', 'fma')))}"
