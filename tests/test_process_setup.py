@@ -157,12 +157,13 @@ def test_mlxs_openblas_runs_kernels_this_cpu_supports_not_its_fallback() -> None
 
 
 @peers.linux_only
+@peers.x86_64_only
 def test_an_operators_own_openblas_kernels_are_kept() -> None:
     assert in_fresh_interpreter(CORE, OPENBLAS_CORETYPE="Prescott")[::2] == ["Prescott", "Prescott"]
 
 
 @peers.linux_only
-def test_the_models_load_on_the_cpu_names_what_runs_its_matmuls(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_model_loaded_on_the_cpu_logs_what_runs_its_matmuls(caplog: pytest.LogCaptureFixture) -> None:
     from asr_core.model import AsrModel, embedded_model_dir
 
     model_dir = embedded_model_dir()
