@@ -130,18 +130,26 @@ def openblas_path() -> str | None:
     return _loaded
 
 
+def openblas_kernels() -> str | None:
+    """The kernels the preloaded OpenBLAS runs (its core name); None where none was preloaded."""
+    name = getattr(ctypes.CDLL(_loaded), "openblas_get_corename", None) if _loaded is not None else None
+    if name is None:
+        return None
+    name.restype = ctypes.c_char_p
+    return str(name().decode())
+
+
 def cpu_matmuls() -> str:
     """What runs MLX's CPU matmuls in this process, for the engine's start-up log."""
     if _loaded is None:
         if not sys.platform.startswith("linux"):
             return "MLX's own BLAS (Accelerate on macOS)"
         return "MLX's bundled BLAS (~30x slower than OpenBLAS: see asr_core._blas)"
-    name = getattr(ctypes.CDLL(_loaded), "openblas_get_corename", None)
-    if name is None:
+    kernels = openblas_kernels()
+    if kernels is None:
         return _loaded
-    name.restype = ctypes.c_char_p
     chosen = os.environ.get("OPENBLAS_CORETYPE")
-    return f"OpenBLAS ({_loaded}), its {name().decode()} kernels" + (
+    return f"OpenBLAS ({_loaded}), its {kernels} kernels" + (
         f" (OPENBLAS_CORETYPE={chosen})" if chosen else ""
     )
 

@@ -134,13 +134,12 @@ def test_openblas_knowing_the_cpu_keeps_its_own_choice() -> None:
 
 
 CORE = """
-import ctypes, json, os
+import json, os
 from asr_core import configure_process
-path = configure_process()
-name = ctypes.CDLL(path).openblas_get_corename
-name.restype = ctypes.c_char_p
+from asr_core._blas import openblas_kernels
+configure_process()
 flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":")[1].split()
-print(json.dumps([name().decode(), flags, os.environ.get("OPENBLAS_CORETYPE")]))
+print(json.dumps([openblas_kernels(), flags, os.environ.get("OPENBLAS_CORETYPE")]))
 """
 
 
