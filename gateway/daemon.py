@@ -925,10 +925,10 @@ class Daemon:
             if self.legs is not None:
                 status = self.legs.status
                 for k in range(len(self.engine_processes)):
-                    metrics.ENGINE_STREAMS.labels(engine=str(k)).set(self.legs.engine_streams(k))
+                    metrics.set_engine_status(str(k), self.legs.engine_status(k))
             elif self.engine is not None and hasattr(self.engine, "status"):
                 status = self.engine.status()
-                metrics.ENGINE_STREAMS.labels(engine="0").set(status.get("active_streams", 0))
+                metrics.set_engine_status("0", status)
             else:
                 continue
             lag, self.engine_load = float(status.get("lag_s", 0.0)), float(status.get("load", 0.0))

@@ -9,7 +9,7 @@ declared here. Tests read values with `REGISTRY.get_sample_value(...)` deltas.
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
 
 from prometheus_client import Counter, Gauge, Histogram, Info
@@ -92,6 +92,16 @@ ENGINE_STREAMS = Gauge(
     "ttg_engine_streams",
     "Audio streams each ASR engine process holds (its latest status; 0 while it is replaced): new legs go "
     "to the engine with the fewest",
+    ["engine"],
+)
+ENGINE_PROCESS_LAG = Gauge(
+    "ttg_engine_process_lag_seconds",
+    "Each ASR engine process's own lag (its latest status; ttg_engine_lag_seconds is the largest of them)",
+    ["engine"],
+)
+ENGINE_PROCESS_LOAD = Gauge(
+    "ttg_engine_process_load",
+    "Each ASR engine process's own load (its latest status; ttg_engine_load is the largest of them)",
     ["engine"],
 )
 ENGINES_UP = Gauge(
@@ -227,7 +237,7 @@ def init_metrics(
         RTP_INVALID.labels(reason)
     for kind in TRANSCRIPT_TYPES:
         TRANSCRIPT_LATENCY.labels(kind)
-    ENGINE_STREAMS.labels("0")  # every process model has engine 0; the others appear as they report
+    set_engine_status("0", {})  # every process model has engine 0; the others appear as they report
     for metric, values in extra_labels:
         for value in values:
             metric.labels(value)
@@ -303,3 +313,11 @@ class PrometheusSinkHooks:
 
     def bind_buffered(self, fn: Callable[[], float]) -> None:
         EVENTS_BUFFERED.set_function(fn)
+
+
+def set_engine_status(engine: str, status: Mapping[str, float]) -> None:
+    """One engine process's latest status record on its labelled gauges (zeros for an empty one): the
+    largest lag and load of the engines drive admission, these show which engine they came from."""
+    ENGINE_STREAMS.labels(engine).set(status.get("active_streams", 0))
+    ENGINE_PROCESS_LAG.labels(engine).set(status.get("lag_s", 0.0))
+    ENGINE_PROCESS_LOAD.labels(engine).set(status.get("load", 0.0))

@@ -476,6 +476,17 @@ def asr_rows() -> list[Row]:
                     description="The audio streams each engine process holds; new legs go to the engine "
                     "with the fewest, so the lines should stay together",
                 ),
+                Panel(
+                    "Lag per ASR engine",
+                    [
+                        (f"max by (engine) (ttg_engine_process_lag_seconds{SEL})", "lag {{engine}}"),
+                        (f"max by (engine) (ttg_engine_process_load{SEL})", "load {{engine}}"),
+                    ],
+                    unit="s",
+                    description="Each engine process's own lag and load ('Engine lag' shows the largest): "
+                    "one engine far behind the others while its load stays under 1 is not short of "
+                    "capacity but stalled",
+                ),
             ],
         ),
     ]

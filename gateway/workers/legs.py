@@ -208,9 +208,13 @@ class WorkerLegs:
             "failed": any(p.get("failed", False) for p in parts),
         }
 
+    def engine_status(self, engine: int) -> dict[str, Any]:
+        """Engine process `engine`'s last STATUS record ({} without one, or once it died)."""
+        return dict(self._status.get(engine, {}))
+
     def engine_streams(self, engine: int) -> int:
         """The streams engine process `engine` said it holds in its last STATUS (0 without one)."""
-        return int(self._status.get(engine, {}).get("active_streams", 0))
+        return int(self.engine_status(engine).get("active_streams", 0))
 
     def on_results(self, outputs: Sequence[Any], engine: int = 0) -> None:
         """Records of engine process `engine`'s results channel (on the loop)."""

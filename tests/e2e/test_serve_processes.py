@@ -193,6 +193,9 @@ async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cl
         await until(
             lambda: per_engine() == [2.0, 2.0], "two streams on each engine", detail=lambda: str(per_engine())
         )
+        _, page = gw.http("/metrics")  # each engine's own lag and load beside its streams
+        for name in ("ttg_engine_process_lag_seconds", "ttg_engine_process_load"):
+            assert all(f'{name}{{engine="{k}"}}' in page for k in ("0", "1")), name
         gw.signal(signal.SIGTERM)
         assert await asyncio.to_thread(gw.wait, 60) == 0, gw.log_tail()
         await callers

@@ -91,9 +91,11 @@ def test_the_engines_status_is_the_worst_lag_and_load_and_the_summed_counts() ->
     assert legs.status["lag_s"] == 0.2
     assert legs.engine_streams(1) == 3
     legs.on_results([Status({**one, "lag_s": 9.0})], engine=1)
+    assert legs.engine_status(1)["lag_s"] == 9.0  # what the per-engine gauges show
     legs.engine_died("gone", engine=1, workers=[1])  # a dead engine's last lag does not hold admission
     assert legs.status == one
     assert legs.engine_streams(1) == 0
+    assert legs.engine_status(1) == {}
 
 
 def test_admission_stays_below_what_the_engines_device_pools_hold() -> None:

@@ -30,6 +30,8 @@ process (% of one core) and the GPU's mean/peak utilisation over the level. The 
 also read every second for admission (`ADMISSION_SERIES`: calls up, the adaptive call limit, the
 engine's load and lag, INVITEs answered 503): each level's timeline goes into summary.json
 (`admission_timeline`), its extremes into summary.md — how a burst met the call limit, second by second.
+With several engine processes, each one's own lag and load are read too (`ENGINE_SERIES`): `engines` in
+summary.json, one line in summary.md — which engine fell behind, when, and at what load.
 """
 
 from __future__ import annotations
@@ -262,7 +264,8 @@ class Sampler:
             sample: dict[str, Any] = {"t": t, "cpu": cpu, "machine": _machine()}
             if self.metrics_url:
                 with contextlib.suppress(OSError, ValueError):
-                    sample["series"] = parse_metrics(_get(self.metrics_url, 2.0), ADMISSION_SERIES)
+                    text = _get(self.metrics_url, 2.0)
+                    sample["series"] = parse_metrics(text, ADMISSION_SERIES + ENGINE_SERIES)
             if smi:
                 with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
                     out = subprocess.run(
@@ -288,6 +291,9 @@ class Sampler:
                     out["cpu_percent"][name] = round(100 * (v - a["cpu"][name]) / dt, 1)
         out.update(machine_window(inside, os.cpu_count() or 1))
         out.update(admission_window(inside))
+        engines = engine_extremes(inside)
+        if engines:
+            out["engines"] = engines
         gpu = [s["gpu_util"] for s in inside if "gpu_util" in s]
         if gpu:
             out["gpu_util_mean"] = round(float(np.mean(gpu)), 1)
@@ -341,6 +347,37 @@ ADMISSION_SERIES = (
     "ttg_engine_lag_seconds",
     "ttg_sip_responses_total{503}",
 )
+
+
+# Each engine process's own lag and load, for the engines of a level (which one fell behind, at what load).
+MAX_ENGINES = 16
+ENGINE_SERIES = tuple(
+    f"ttg_engine_process_{name}{{{k}}}" for name in ("lag_seconds", "load") for k in range(MAX_ENGINES)
+)
+
+
+def engine_extremes(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per engine process seen in the samples' series: its largest lag, when (seconds from the first
+    sample with series) and its load then, and its largest load."""
+    have = [s for s in samples if s.get("series")]
+    out: dict[str, dict[str, float]] = {}
+    for k in range(MAX_ENGINES):
+        lag_key, load_key = f"ttg_engine_process_lag_seconds{{{k}}}", f"ttg_engine_process_load{{{k}}}"
+        rows = [
+            (s["t"], s["series"][lag_key], s["series"].get(load_key, 0.0))
+            for s in have
+            if lag_key in s["series"]
+        ]
+        if not rows:
+            continue
+        t, lag, load = max(rows, key=lambda r: r[1])
+        out[str(k)] = {
+            "lag_max_s": round(lag, 3),
+            "lag_max_at_s": round(t - have[0]["t"], 1),
+            "load_at_lag_max": round(load, 3),
+            "load_max": round(max(r[2] for r in rows), 3),
+        }
+    return out
 
 
 def admission_window(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -689,6 +726,16 @@ def _admission_lines(rows: list[dict[str, Any]]) -> str:
                 f"{a['call_limit_first']} -> {a['call_limit_last']} (max {a['call_limit_max']}); engine load "
                 f"max {a['engine_load_max']}, lag max {a['engine_lag_max_s']} s; INVITEs answered 503: "
                 f"{a['refused_503']}"
+            )
+        engines = r.get("engines")
+        if engines and len(engines) > 1:
+            lines.append(
+                f"- {r['level']} calls, each engine's lag max (its load then; its load max): "
+                + ", ".join(
+                    f"{k}: {e['lag_max_s']} s at {e['lag_max_at_s']} s "
+                    f"({e['load_at_lag_max']}; {e['load_max']})"
+                    for k, e in engines.items()
+                )
             )
     return "\n".join(lines)
 
