@@ -85,7 +85,7 @@ from asr_core.model import (
     EngineModel,
     StreamDecoder,
 )
-from asr_core.scheduler import EncodedChunk, EncoderScheduler, StepPlan, StreamLeft, StreamPhase
+from asr_core.scheduler import EncodedChunk, EncoderScheduler, RecentRate, StepPlan, StreamLeft, StreamPhase
 from asr_core.transcript import Token, TranscriptAssembler
 
 logger = logging.getLogger(__name__)
@@ -200,6 +200,7 @@ class AsrEngine:
         self._device_failure: BaseException | None = None  # its start failed
         self._decode_s = 0.0  # the device decoder's running total (written by its thread only)
         self._report = _StepReport(time.perf_counter() + _STEP_REPORT_S)  # MLX thread only
+        self._busy = RecentRate()  # the MLX thread's seconds in steps a second (under _lock)
         self._max_streams: int | None = None  # set by the MLX thread before the engine is ready
         self._ready = threading.Event()
         self._route: dict[int, int] = {}  # stream key -> its worker, until its _Done is sent
@@ -263,18 +264,22 @@ class AsrEngine:
         """How far behind the engine is: `lag_s` is the longest time, over the last second or two,
         from a chunk's audio arriving to its chunk being decoded (the delay every transcript carries);
         `queued_chunks` waits for the encoder; `load` is the encoder's utilisation by the rows coming in
-        (`EncoderScheduler.load`); `max_wait_ms` is the scheduler's current batching wait."""
+        (`EncoderScheduler.load`); `busy` is the share of the last second or two the MLX thread spent
+        stepping (each step's fixed cost and, where it decodes, the decoding included: near 1 it has no
+        time left, whatever `load` says); `max_wait_ms` is the scheduler's current batching wait."""
         now = self._clock()
         with self._lock:
             queued = self._sched.total_queued()
             streams = len(self._streams)
             wait = self._sched.max_wait_s
             load = self._sched.load(now)
+            busy = min(1.0, self._busy.per_s(now))
         return {
             "active_streams": streams,
             "queued_chunks": queued,
             "lag_s": max((w.lag.value(now) for w in self._workers), default=0.0),
             "load": round(load, 3),
+            "busy": round(busy, 3),
             "max_wait_ms": 1000 * wait,
             "failed": self._failure is not None,
         }
@@ -470,7 +475,12 @@ class AsrEngine:
                             return
                         deadline = self._sched.next_deadline()
                         self._wake.wait(None if deadline is None else max(0.0, deadline - now))
+                t0 = time.perf_counter()
                 self._run(plan)
+                busy = time.perf_counter() - t0
+                self._report.busy_s += busy
+                with self._lock:
+                    self._busy.add(self._clock(), busy)
         except BaseException as e:  # any failure here is fatal, reported loudly
             self._fail(e)
         finally:
@@ -677,6 +687,7 @@ class _StepReport:
 
     due: float
     rows: int = 0
+    busy_s: float = 0.0  # the MLX thread's time in steps (`_run`), each step's every part
     last: dict[str, float] = field(default_factory=dict)
     since: float = field(default_factory=time.perf_counter)
 
@@ -701,15 +712,17 @@ class _StepReport:
         memory = getattr(encoder, "memory", None)
         if steps:
             logger.info(
-                "encoder: %d steps in %.0f s, %.1f rows/step; calls/step: %.2f subsampling, %.2f stack, "
-                "%.2f untraced; ms/step: plan %.1f, graph %.1f, eval %.1f, copy %.1f, decode %.1f%s%s%s",
-                steps, now - self.since, self.rows / steps, d.get("sub", 0.0) / steps,
+                "encoder: %d steps in %.0f s (busy %.2f), %.1f rows/step; calls/step: %.2f subsampling, "
+                "%.2f stack, %.2f untraced; ms/step: plan %.1f, graph %.1f, eval %.1f, copy %.1f, "
+                "decode %.1f%s%s%s",
+                steps, now - self.since, self.busy_s / max(now - self.since, 1e-9), self.rows / steps,
+                d.get("sub", 0.0) / steps,
                 d.get("stack", 0.0) / steps, d.get("untraced", 0.0) / steps,
                 *(1e3 * d.get(f"{k}_s", 0.0) / steps for k in ("plan", "graph", "eval", "copy")),
                 1e3 * d["decode_s"] / steps, _decoder_rates(d),
                 _memory_text(memory()) if memory is not None else "", _load_text(load),
             )  # fmt: skip
-        self.last, self.rows, self.since = totals, 0, now
+        self.last, self.rows, self.busy_s, self.since = totals, 0, 0.0, now
 
 
 def _load_text(factors: tuple[float, float, float] | None) -> str:

@@ -180,17 +180,17 @@ class StepCost:
 
 
 class RecentRate:
-    """Events a second over the last one to two `window_s` (two buckets: the last full one and the
-    current one, each with its true span). Pure: `now` given."""
+    """Events (or amounts: seconds busy) a second over the last one to two `window_s` (two buckets: the
+    last full one and the current one, each with its true span). Pure: `now` given."""
 
     def __init__(self, window_s: float = 1.0) -> None:
         self.window_s = window_s
         self._start: float | None = None
-        self._current = 0
-        self._previous = 0
+        self._current = 0.0
+        self._previous = 0.0
         self._previous_span = 0.0
 
-    def add(self, now: float, n: int = 1) -> None:
+    def add(self, now: float, n: float = 1.0) -> None:
         self._roll(now)
         self._current += n
 
@@ -207,8 +207,8 @@ class RecentRate:
         elif now - self._start >= self.window_s:
             span = now - self._start
             fresh = span < 2 * self.window_s  # else the bucket is stale: nothing came for a while
-            self._previous, self._previous_span = (self._current, span) if fresh else (0, 0.0)
-            self._current = 0
+            self._previous, self._previous_span = (self._current, span) if fresh else (0.0, 0.0)
+            self._current = 0.0
             self._start = now
 
 

@@ -104,6 +104,12 @@ ENGINE_PROCESS_LOAD = Gauge(
     "Each ASR engine process's own load (its latest status; ttg_engine_load is the largest of them)",
     ["engine"],
 )
+ENGINE_PROCESS_BUSY = Gauge(
+    "ttg_engine_process_busy",
+    "Share of the last second or two each ASR engine process's MLX thread spent stepping, fixed costs and "
+    "its decoding included (its latest status): near 1 it has no time left, whatever its load says",
+    ["engine"],
+)
 ENGINES_UP = Gauge(
     "ttg_engines_up",
     "ASR engine processes taking calls (0 in single-process mode; fewer while one is replaced)",
@@ -321,3 +327,4 @@ def set_engine_status(engine: str, status: Mapping[str, float]) -> None:
     ENGINE_STREAMS.labels(engine).set(status.get("active_streams", 0))
     ENGINE_PROCESS_LAG.labels(engine).set(status.get("lag_s", 0.0))
     ENGINE_PROCESS_LOAD.labels(engine).set(status.get("load", 0.0))
+    ENGINE_PROCESS_BUSY.labels(engine).set(status.get("busy", 0.0))

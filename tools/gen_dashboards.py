@@ -481,11 +481,13 @@ def asr_rows() -> list[Row]:
                     [
                         (f"max by (engine) (ttg_engine_process_lag_seconds{SEL})", "lag {{engine}}"),
                         (f"max by (engine) (ttg_engine_process_load{SEL})", "load {{engine}}"),
+                        (f"max by (engine) (ttg_engine_process_busy{SEL})", "busy {{engine}}"),
                     ],
                     unit="s",
-                    description="Each engine process's own lag and load ('Engine lag' shows the largest): "
-                    "one engine far behind the others while its load stays under 1 is not short of "
-                    "capacity but stalled",
+                    description="Each engine process's own lag and load ('Engine lag' shows the largest) and "
+                    "the share of time its MLX thread spent stepping: behind while busy near 1, the "
+                    "engine is short of capacity (the load leaves a step's fixed cost out); behind while "
+                    "neither is near 1, it is stalled",
                 ),
             ],
         ),

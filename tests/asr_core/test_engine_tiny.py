@@ -447,7 +447,10 @@ def test_a_step_costs_its_decoding_too_when_the_encoders_thread_decodes(tiny_mod
     with AsrEngine(model, cfg) as eng:
         _push_all(eng, [synthetic_call(2.0, seed=60 + i) for i in range(2)], cols)
         assert [c.wait().reason for c in cols] == ["finished"] * 2
-        assert eng.status()["max_wait_ms"] >= 3 * 40
+        status = eng.status()
+        assert status["max_wait_ms"] >= 3 * 40
+        # The thread's busy share counts those decodes too: some, and never more than all of its time.
+        assert 0.0 < status["busy"] <= 1.0
 
 
 def test_the_step_report_says_what_the_load_admission_reads_is_made_of(
@@ -469,6 +472,13 @@ def test_the_step_report_says_what_the_load_admission_reads_is_made_of(
             int(rows_per_s) * float(per_row_ms) / 1e3, abs=0.01 + 1e-3 * float(per_row_ms)
         )
     assert any(int(rows) > 0 for _, rows, _, _ in loads)  # the pushes' rows seen coming in
+    # Each report gives the share of its period the thread spent in steps: at most all of it.
+    busy = [
+        float(m.group(1))
+        for r in caplog.records
+        if (m := re.search(r"steps in \d+ s \(busy ([\d.]+)\)", r.getMessage()))
+    ]
+    assert len(busy) == len(loads) and all(0.0 <= b <= 1.0 for b in busy) and any(b > 0.0 for b in busy), busy
 
 
 def test_a_device_decoder_failure_stops_the_engine_loudly(tiny_model: AsrModel) -> None:

@@ -379,6 +379,15 @@ def test_recent_rate_counts_the_last_one_to_two_windows_and_forgets_a_quiet_spel
     assert r.per_s(4.0) == 0.0  # nothing for over two windows: no rate from old events
 
 
+def test_recent_rate_of_seconds_is_the_share_of_time_busy() -> None:
+    r = RecentRate(window_s=1.0)
+    for i in range(10):
+        r.add(0.1 + 0.2 * i, 0.05)  # a 50 ms step every 200 ms
+    assert r.per_s(2.1) == pytest.approx(0.25)
+    r.add(2.2, 0.8)  # then one 800 ms step: the share rises with it
+    assert r.per_s(2.3) == pytest.approx((0.25 + 0.8) / 1.2)
+
+
 def test_load_is_the_rows_coming_in_times_what_each_row_adds_to_a_step() -> None:
     # 100 streams pushing a chunk every 320 ms: 312.5 rows a second; each row adds 2 ms to a step
     # (a GPU-like 20 ms fixed cost is shared): the encoder is 62.5 % loaded.

@@ -199,22 +199,40 @@ def test_a_levels_admission_timeline_counts_503s_from_its_start_and_keeps_the_ex
 
 
 def test_a_levels_engine_extremes_name_the_engine_that_fell_behind_and_its_load_then() -> None:
-    def sample(t: float, lags: tuple[float, ...], loads: tuple[float, ...]) -> dict[str, Any]:
+    def sample(
+        t: float, lags: tuple[float, ...], loads: tuple[float, ...], busy: tuple[float, ...]
+    ) -> dict[str, Any]:
         series = {f"ttg_engine_process_lag_seconds{{{k}}}": v for k, v in enumerate(lags)}
         series |= {f"ttg_engine_process_load{{{k}}}": v for k, v in enumerate(loads)}
+        series |= {f"ttg_engine_process_busy{{{k}}}": v for k, v in enumerate(busy)}
         return {"t": t, "series": series}
 
     engines = engine_extremes(
         [
-            sample(10.0, (0.2, 0.3), (0.5, 0.6)),
+            sample(10.0, (0.2, 0.3), (0.5, 0.6), (0.6, 0.7)),
             {"t": 11.0, "cpu": {}},  # /metrics not answering that second
-            sample(12.0, (1.4, 0.3), (0.62, 0.9)),  # engine 0 a second behind at load 0.62
-            sample(13.0, (0.9, 0.2), (0.7, 0.4)),
+            # engine 0 a second behind at load 0.62 with its thread busy all the time
+            sample(12.0, (1.4, 0.3), (0.62, 0.9), (1.0, 0.5)),
+            sample(13.0, (0.9, 0.2), (0.7, 0.4), (0.95, 0.9)),
         ]
     )
     assert engines == {
-        "0": {"lag_max_s": 1.4, "lag_max_at_s": 2.0, "load_at_lag_max": 0.62, "load_max": 0.7},
-        "1": {"lag_max_s": 0.3, "lag_max_at_s": 0.0, "load_at_lag_max": 0.6, "load_max": 0.9},
+        "0": {
+            "lag_max_s": 1.4,
+            "lag_max_at_s": 2.0,
+            "load_at_lag_max": 0.62,
+            "load_max": 0.7,
+            "busy_at_lag_max": 1.0,
+            "busy_max": 1.0,
+        },
+        "1": {
+            "lag_max_s": 0.3,
+            "lag_max_at_s": 0.0,
+            "load_at_lag_max": 0.6,
+            "load_max": 0.9,
+            "busy_at_lag_max": 0.7,
+            "busy_max": 0.9,
+        },
     }
     assert engine_extremes([{"t": 1.0, "series": {"ttg_active_calls": 3.0}}]) == {}
 

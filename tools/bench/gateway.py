@@ -30,8 +30,9 @@ process (% of one core) and the GPU's mean/peak utilisation over the level. The 
 also read every second for admission (`ADMISSION_SERIES`: calls up, the adaptive call limit, the
 engine's load and lag, INVITEs answered 503): each level's timeline goes into summary.json
 (`admission_timeline`), its extremes into summary.md — how a burst met the call limit, second by second.
-With several engine processes, each one's own lag and load are read too (`ENGINE_SERIES`): `engines` in
-summary.json, one line in summary.md — which engine fell behind, when, and at what load.
+With several engine processes, each one's own lag, load and busy share are read too (`ENGINE_SERIES`):
+`engines` in summary.json, one line in summary.md — which engine fell behind, when, at what load, and
+whether its MLX thread had any time left then.
 """
 
 from __future__ import annotations
@@ -352,30 +353,35 @@ ADMISSION_SERIES = (
 # Each engine process's own lag and load, for the engines of a level (which one fell behind, at what load).
 MAX_ENGINES = 16
 ENGINE_SERIES = tuple(
-    f"ttg_engine_process_{name}{{{k}}}" for name in ("lag_seconds", "load") for k in range(MAX_ENGINES)
+    f"ttg_engine_process_{name}{{{k}}}"
+    for name in ("lag_seconds", "load", "busy")
+    for k in range(MAX_ENGINES)
 )
 
 
 def engine_extremes(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per engine process seen in the samples' series: its largest lag, when (seconds from the first
-    sample with series) and its load then, and its largest load."""
+    sample with series) and its load and busy share then, and its largest load and busy share."""
     have = [s for s in samples if s.get("series")]
     out: dict[str, dict[str, float]] = {}
     for k in range(MAX_ENGINES):
-        lag_key, load_key = f"ttg_engine_process_lag_seconds{{{k}}}", f"ttg_engine_process_load{{{k}}}"
+        lag_key = f"ttg_engine_process_lag_seconds{{{k}}}"
+        load_key, busy_key = f"ttg_engine_process_load{{{k}}}", f"ttg_engine_process_busy{{{k}}}"
         rows = [
-            (s["t"], s["series"][lag_key], s["series"].get(load_key, 0.0))
+            (s["t"], s["series"][lag_key], s["series"].get(load_key, 0.0), s["series"].get(busy_key, 0.0))
             for s in have
             if lag_key in s["series"]
         ]
         if not rows:
             continue
-        t, lag, load = max(rows, key=lambda r: r[1])
+        t, lag, load, busy = max(rows, key=lambda r: r[1])
         out[str(k)] = {
             "lag_max_s": round(lag, 3),
             "lag_max_at_s": round(t - have[0]["t"], 1),
             "load_at_lag_max": round(load, 3),
             "load_max": round(max(r[2] for r in rows), 3),
+            "busy_at_lag_max": round(busy, 3),
+            "busy_max": round(max(r[3] for r in rows), 3),
         }
     return out
 
@@ -730,10 +736,11 @@ def _admission_lines(rows: list[dict[str, Any]]) -> str:
         engines = r.get("engines")
         if engines and len(engines) > 1:
             lines.append(
-                f"- {r['level']} calls, each engine's lag max (its load then; its load max): "
+                f"- {r['level']} calls, each engine's lag max (its load and busy share then; their maxima): "
                 + ", ".join(
                     f"{k}: {e['lag_max_s']} s at {e['lag_max_at_s']} s "
-                    f"({e['load_at_lag_max']}; {e['load_max']})"
+                    f"({e['load_at_lag_max']}, busy {e['busy_at_lag_max']}; {e['load_max']}, "
+                    f"busy {e['busy_max']})"
                     for k, e in engines.items()
                 )
             )
