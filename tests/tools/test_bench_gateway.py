@@ -11,19 +11,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import REGISTRY, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 
 from gateway.metrics import init_metrics
 from tools.bench.gateway import (
     ADMISSION_SERIES,
+    QUANTILE_HISTOGRAMS,
     _daemon_env,
     _machine,
     _merge_reports,
     add_arguments,
     admission_window,
+    bucket_quantile,
     engine_extremes,
     machine_window,
     port_range_problem,
+    scrape_text,
 )
 from tools.replay.scrape import parse_metrics
 
@@ -167,6 +170,41 @@ def test_the_admission_series_sampled_each_second_are_the_gateways_own() -> None
     init_metrics()
     page = generate_latest(REGISTRY).decode()
     assert sorted(parse_metrics(page, ADMISSION_SERIES)) == sorted(ADMISSION_SERIES)
+
+
+def test_a_levels_p95_delays_come_from_the_daemons_own_histogram_buckets() -> None:
+    """Where a level's chunks were late: the bucket that holds the 95th percentile of their wait for a
+    step and of their whole delay, from the difference of two scrapes of real histograms."""
+    registry = CollectorRegistry()
+    wait = Histogram("ttg_asr_queue_wait_seconds", "", buckets=(0.128, 0.256, 0.512), registry=registry)
+    latency = Histogram("ttg_transcript_latency_seconds", "", ["type"], buckets=(0.5, 1.0), registry=registry)
+    wait.observe(3.0)  # before the level: not in its numbers
+    before = scrape_text(generate_latest(registry).decode())
+    for _ in range(95):
+        wait.observe(0.1)
+        latency.labels("partial").observe(0.4)
+    for _ in range(5):
+        wait.observe(0.3)
+        latency.labels("final").observe(0.8)
+    after = scrape_text(generate_latest(registry).decode())
+    assert bucket_quantile(before, after, "ttg_asr_queue_wait_seconds", 0.95) == 0.128
+    assert (
+        bucket_quantile(before, after, "ttg_asr_queue_wait_seconds", 0.96) == 0.512
+    )  # 0.3 s: (0.256, 0.512]
+    assert bucket_quantile(before, after, "ttg_transcript_latency_seconds", 0.99) == 1.0  # both types
+    wait.observe(9.0)
+    wait.observe(9.0)
+    wait.observe(9.0)
+    beyond = scrape_text(generate_latest(registry).decode())
+    assert bucket_quantile(after, beyond, "ttg_asr_queue_wait_seconds", 0.95) == math.inf
+    assert bucket_quantile(after, after, "ttg_asr_queue_wait_seconds", 0.95) is None  # nothing observed
+
+
+def test_the_histograms_whose_buckets_the_bench_reads_are_the_gateways_own() -> None:
+    init_metrics()
+    page = scrape_text(generate_latest(REGISTRY).decode())
+    for name in QUANTILE_HISTOGRAMS:
+        assert any(k.startswith(f"{name}_bucket{{") for k in page), name
 
 
 def test_a_levels_admission_timeline_counts_503s_from_its_start_and_keeps_the_extremes() -> None:

@@ -311,6 +311,7 @@ ENGINE_METRICS = (
     "ttg_encoder_step_seconds",
     "ttg_decoder_step_seconds",
     "ttg_asr_queue_wait_seconds",
+    "ttg_transcript_latency_seconds",
     "ttg_asr_chunks_dropped",
     "ttg_calls",
     "ttg_rtp_packets_received",
@@ -318,16 +319,27 @@ ENGINE_METRICS = (
 )
 
 
+# Histograms whose buckets are kept too, for a level's p95 (`bucket_quantile`): where the chunks' delay
+# sat — waiting for their step, against the whole way from their audio to their transcript.
+QUANTILE_HISTOGRAMS = ("ttg_asr_queue_wait_seconds", "ttg_transcript_latency_seconds")
+
+
 def scrape(url: str, wanted: tuple[str, ...] = ENGINE_METRICS) -> dict[str, float]:
-    """Sums of counters and histograms (name -> value) from /metrics, of the families named by a
-    prefix in `wanted`; a `result` or `type` label goes into the key: `ttg_calls_total{completed}`."""
+    """`scrape_text` of the daemon's /metrics now; empty when it does not answer."""
+    try:
+        return scrape_text(_get(url), wanted)
+    except OSError:
+        return {}
+
+
+def scrape_text(text: str, wanted: tuple[str, ...] = ENGINE_METRICS) -> dict[str, float]:
+    """Sums of counters and histograms (name -> value) of the families named by a prefix in `wanted`;
+    a `result` or `type` label goes into the key: `ttg_calls_total{completed}`. The buckets of
+    `QUANTILE_HISTOGRAMS`, summed over their other labels, are keyed by their bound:
+    `ttg_asr_queue_wait_seconds_bucket{0.256}`."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
-    try:
-        text = _get(url)
-    except OSError:
-        return out
     for fam in text_string_to_metric_families(text):
         if not fam.name.startswith(wanted):
             continue
@@ -335,8 +347,25 @@ def scrape(url: str, wanted: tuple[str, ...] = ENGINE_METRICS) -> dict[str, floa
             if s.name.endswith(("_sum", "_count", "_total")):
                 label = s.labels.get("result") or s.labels.get("type")
                 key = s.name + ("" if not label else "{" + label + "}")
-                out[key] = out.get(key, 0.0) + float(s.value)
+            elif s.name.endswith("_bucket") and fam.name in QUANTILE_HISTOGRAMS:
+                key = f"{s.name}{{{s.labels['le']}}}"
+            else:
+                continue
+            out[key] = out.get(key, 0.0) + float(s.value)
     return out
+
+
+def bucket_quantile(before: dict[str, float], after: dict[str, float], name: str, q: float) -> float | None:
+    """The upper bound of the bucket that holds the q-quantile of what histogram `name` observed
+    between two scrapes (inf: past its last bound); None: it observed nothing."""
+    prefix = f"{name}_bucket{{"
+    counts = sorted(
+        (float(k[len(prefix) : -1]), v - before.get(k, 0.0)) for k, v in after.items() if k.startswith(prefix)
+    )
+    if not counts or counts[-1][1] <= 0:
+        return None
+    total = counts[-1][1]  # the +Inf bucket counts every observation
+    return next(bound for bound, n in counts if n >= q * total)
 
 
 # What admission did, second by second: the calls up, the adaptive call limit, the engine's load and
@@ -434,12 +463,23 @@ def _engine_numbers(before: dict[str, float], after: dict[str, float], seconds: 
         "mean_step_ms": round(1000 * d("ttg_encoder_step_seconds_sum") / steps, 2) if steps else None,
         "mean_decoder_step_ms": round(1000 * d("ttg_decoder_step_seconds_sum") / dec, 2) if dec else None,
         "mean_queue_wait_ms": round(1000 * d("ttg_asr_queue_wait_seconds_sum") / waits, 1) if waits else None,
+        "queue_wait_p95_s_at_most": _bound(
+            bucket_quantile(before, after, "ttg_asr_queue_wait_seconds", 0.95)
+        ),
+        "transcript_latency_p95_s_at_most": _bound(
+            bucket_quantile(before, after, "ttg_transcript_latency_seconds", 0.95)
+        ),
         "dropped_chunks": int(d("ttg_asr_chunks_dropped_total")),
         "rtcp_reports": int(d("ttg_rtcp_reports_sent_total")),
     }
 
 
 # --- one level ---------------------------------------------------------------------------------------
+
+
+def _bound(value: float | None) -> float | str | None:
+    """A bucket's bound for summary.json: "inf" past the last one (JSON has no infinity)."""
+    return value if value is None or math.isfinite(value) else "inf"
 
 
 def _p95(values: list[float]) -> float | str | None:
@@ -743,6 +783,12 @@ def _admission_lines(rows: list[dict[str, Any]]) -> str:
                     f"busy {e['busy_max']})"
                     for k, e in engines.items()
                 )
+            )
+        if r.get("transcript_latency_p95_s_at_most") is not None:
+            lines.append(
+                f"- {r['level']} calls, a chunk's delay p95 (at most, by bucket): "
+                f"{r['queue_wait_p95_s_at_most']} s waiting for its encoder step of "
+                f"{r['transcript_latency_p95_s_at_most']} s from its audio to its transcript"
             )
     return "\n".join(lines)
 
