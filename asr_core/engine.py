@@ -201,6 +201,9 @@ class AsrEngine:
         self._decode_s = 0.0  # the device decoder's running total (written by its thread only)
         self._report = _StepReport(time.perf_counter() + _STEP_REPORT_S)  # MLX thread only
         self._busy = RecentRate()  # the MLX thread's seconds in steps a second (under _lock)
+        # Where a chunk's delay sits (under _lock): from its audio to the queue, then in the queue.
+        self._receive_lag = RecentMax()
+        self._queue_wait = RecentMax()
         self._max_streams: int | None = None  # set by the MLX thread before the engine is ready
         self._ready = threading.Event()
         self._route: dict[int, int] = {}  # stream key -> its worker, until its _Done is sent
@@ -263,6 +266,10 @@ class AsrEngine:
     def status(self) -> dict[str, float]:
         """How far behind the engine is: `lag_s` is the longest time, over the last second or two,
         from a chunk's audio arriving to its chunk being decoded (the delay every transcript carries);
+        `receive_lag_s` and `queue_wait_s` are its first two parts over the same span: the longest time
+        from a chunk's audio to its push here (its front end, and the channel from a media worker), and
+        the longest a chunk waited in the queue for its step (what is left of `lag_s` is the step, the
+        decoding and the transcript's assembly);
         `queued_chunks` waits for the encoder; `load` is the encoder's utilisation by the rows coming in
         (`EncoderScheduler.load`); `busy` is the share of the last second or two the MLX thread spent
         stepping (each step's fixed cost and, where it decodes, the decoding included: near 1 it has no
@@ -274,10 +281,13 @@ class AsrEngine:
             wait = self._sched.max_wait_s
             load = self._sched.load(now)
             busy = min(1.0, self._busy.per_s(now))
+            receive_lag, queue_wait = self._receive_lag.value(now), self._queue_wait.value(now)
         return {
             "active_streams": streams,
             "queued_chunks": queued,
             "lag_s": max((w.lag.value(now) for w in self._workers), default=0.0),
+            "receive_lag_s": receive_lag,
+            "queue_wait_s": queue_wait,
             "load": round(load, 3),
             "busy": round(busy, 3),
             "max_wait_ms": 1000 * wait,
@@ -393,6 +403,8 @@ class AsrEngine:
             for i, p in enumerate(payloads):
                 is_last = last and i == len(payloads) - 1
                 dropped += self._sched.push_chunk(key, p, now, is_last=is_last, flush=p.flush)
+            if payloads:
+                self._receive_lag.record(now - min(p.completed_at for p in payloads), now)
             if dropped and key in self._streams:
                 self._streams[key].shared.dropped = dropped[-1].dropped_total
             if end and not last:
@@ -518,9 +530,11 @@ class AsrEngine:
         seconds = time.perf_counter() - t0
         report_due = t0 >= self._report.due
         with self._lock:
-            chunks = self._sched.update_from_output(plan, frames, self._clock())
+            now = self._clock()
+            chunks = self._sched.update_from_output(plan, frames, now)
+            self._queue_wait.record(max(r.queue_wait_s for r in plan.rows), now)
             owners = [self._route[c.key] for c in chunks]
-            load = self._sched.load_factors(self._clock()) if report_due else None
+            load = self._sched.load_factors(now) if report_due else None
         self.hooks.encoder_step(seconds, len(rows), [r.queue_wait_s for r in plan.rows])
         self._report.rows += len(rows)
         if report_due:

@@ -104,6 +104,18 @@ ENGINE_PROCESS_LOAD = Gauge(
     "Each ASR engine process's own load (its latest status; ttg_engine_load is the largest of them)",
     ["engine"],
 )
+ENGINE_PROCESS_RECEIVE_LAG = Gauge(
+    "ttg_engine_process_receive_lag_seconds",
+    "The first part of each ASR engine process's lag: the longest time from a chunk's audio to its arrival "
+    "in the engine's queue (its front end and the channel from its media worker), over the same span",
+    ["engine"],
+)
+ENGINE_PROCESS_QUEUE_WAIT = Gauge(
+    "ttg_engine_process_queue_wait_seconds",
+    "The second part of each ASR engine process's lag: the longest a chunk waited in its queue for an "
+    "encoder step, over the same span (the rest is the step, the decoding and the transcript's assembly)",
+    ["engine"],
+)
 ENGINE_PROCESS_BUSY = Gauge(
     "ttg_engine_process_busy",
     "Share of the last second or two each ASR engine process's MLX thread spent stepping, fixed costs and "
@@ -328,3 +340,5 @@ def set_engine_status(engine: str, status: Mapping[str, float]) -> None:
     ENGINE_PROCESS_LAG.labels(engine).set(status.get("lag_s", 0.0))
     ENGINE_PROCESS_LOAD.labels(engine).set(status.get("load", 0.0))
     ENGINE_PROCESS_BUSY.labels(engine).set(status.get("busy", 0.0))
+    ENGINE_PROCESS_RECEIVE_LAG.labels(engine).set(status.get("receive_lag_s", 0.0))
+    ENGINE_PROCESS_QUEUE_WAIT.labels(engine).set(status.get("queue_wait_s", 0.0))

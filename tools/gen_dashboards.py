@@ -489,6 +489,25 @@ def asr_rows() -> list[Row]:
                     "engine is short of capacity (the load leaves a step's fixed cost out); behind while "
                     "neither is near 1, it is stalled",
                 ),
+                Panel(
+                    "Where each ASR engine's lag sits",
+                    [
+                        (f"max by (engine) (ttg_engine_process_lag_seconds{SEL})", "all {{engine}}"),
+                        (
+                            f"max by (engine) (ttg_engine_process_receive_lag_seconds{SEL})",
+                            "to the queue {{engine}}",
+                        ),
+                        (
+                            f"max by (engine) (ttg_engine_process_queue_wait_seconds{SEL})",
+                            "in the queue {{engine}}",
+                        ),
+                    ],
+                    unit="s",
+                    description="A chunk's longest delay over the last second or two, from its audio to its "
+                    "decoding, beside its first two parts: from its audio to the engine's queue (the media "
+                    "worker and the channel) and in the queue waiting for a step; the rest is the step, "
+                    "the decoding and the transcript's assembly",
+                ),
             ],
         ),
     ]

@@ -22,6 +22,7 @@ from asr_core.api import AsrEvent, StreamEnded, StreamOptions, TranscriptEvent
 from asr_core.config import DecoderConfig, DecoderMode, EndpointConfig, EngineConfig, SchedulerConfig
 from asr_core.engine import AsrEngine
 from asr_core.errors import EngineStoppedError
+from asr_core.frontend import StreamFrontEnd
 from asr_core.model import AsrModel, EncoderBackend
 from asr_core.vad import VadConfig
 from tests.fixtures import peers
@@ -451,6 +452,26 @@ def test_a_step_costs_its_decoding_too_when_the_encoders_thread_decodes(tiny_mod
         assert status["max_wait_ms"] >= 3 * 40
         # The thread's busy share counts those decodes too: some, and never more than all of its time.
         assert 0.0 < status["busy"] <= 1.0
+
+
+def test_the_status_says_where_a_chunks_delay_sat_before_its_step(tiny_model: AsrModel) -> None:
+    """A front end elsewhere (a media worker) whose chunks reach the engine half a second after their
+    audio: the engine's lag counts that half second, and its first part, from the audio to the queue,
+    says it was spent before the queue, not waiting in it."""
+    lookahead = tiny_model.default_lookahead
+    late = StreamFrontEnd(tiny_model.new_frontend(lookahead), lookahead, None, lambda: time.monotonic() - 0.5)
+    col = Stream()
+    with AsrEngine(tiny_model, config()) as eng:
+        stream = eng.open_chunk_stream("s", StreamOptions(language="en-US"), col)
+        audio = synthetic_call(2.0, seed=80)
+        for i in range(0, len(audio), 3200):
+            stream.push_chunks(late.push(audio[i : i + 3200]), late.samples)
+        payloads, last_is_final = late.finish()
+        stream.finish(payloads, last_is_final, late.samples)
+        assert col.wait().reason == "finished"
+        status = eng.status()
+    assert status["lag_s"] >= 0.5 and status["receive_lag_s"] >= 0.5
+    assert 0.0 <= status["queue_wait_s"] < status["receive_lag_s"]
 
 
 def test_the_step_report_says_what_the_load_admission_reads_is_made_of(

@@ -193,8 +193,14 @@ async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cl
         await until(
             lambda: per_engine() == [2.0, 2.0], "two streams on each engine", detail=lambda: str(per_engine())
         )
-        _, page = gw.http("/metrics")  # each engine's own lag, load and busy share beside its streams
-        for name in ("ttg_engine_process_lag_seconds", "ttg_engine_process_load", "ttg_engine_process_busy"):
+        _, page = gw.http("/metrics")  # each engine's own lag, its parts, load and busy share
+        for name in (
+            "ttg_engine_process_lag_seconds",
+            "ttg_engine_process_load",
+            "ttg_engine_process_busy",
+            "ttg_engine_process_receive_lag_seconds",
+            "ttg_engine_process_queue_wait_seconds",
+        ):
             assert all(f'{name}{{engine="{k}"}}' in page for k in ("0", "1")), name
         await until(  # and each engine's thread reports its time stepping these calls
             lambda: all(gw.metric("ttg_engine_process_busy", engine=k) > 0.0 for k in ("0", "1")),

@@ -243,6 +243,9 @@ def test_a_levels_engine_extremes_name_the_engine_that_fell_behind_and_its_load_
         series = {f"ttg_engine_process_lag_seconds{{{k}}}": v for k, v in enumerate(lags)}
         series |= {f"ttg_engine_process_load{{{k}}}": v for k, v in enumerate(loads)}
         series |= {f"ttg_engine_process_busy{{{k}}}": v for k, v in enumerate(busy)}
+        # the lag's first two parts: a fifth of it on the way to the queue, half in the queue
+        series |= {f"ttg_engine_process_receive_lag_seconds{{{k}}}": v / 5 for k, v in enumerate(lags)}
+        series |= {f"ttg_engine_process_queue_wait_seconds{{{k}}}": v / 2 for k, v in enumerate(lags)}
         return {"t": t, "series": series}
 
     engines = engine_extremes(
@@ -262,6 +265,8 @@ def test_a_levels_engine_extremes_name_the_engine_that_fell_behind_and_its_load_
             "load_max": 0.7,
             "busy_at_lag_max": 1.0,
             "busy_max": 1.0,
+            "receive_lag_at_lag_max_s": 0.28,
+            "queue_wait_at_lag_max_s": 0.7,
         },
         "1": {
             "lag_max_s": 0.3,
@@ -270,6 +275,8 @@ def test_a_levels_engine_extremes_name_the_engine_that_fell_behind_and_its_load_
             "load_max": 0.9,
             "busy_at_lag_max": 0.7,
             "busy_max": 0.9,
+            "receive_lag_at_lag_max_s": 0.06,
+            "queue_wait_at_lag_max_s": 0.15,
         },
     }
     assert engine_extremes([{"t": 1.0, "series": {"ttg_active_calls": 3.0}}]) == {}

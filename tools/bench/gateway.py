@@ -383,27 +383,36 @@ ADMISSION_SERIES = (
 MAX_ENGINES = 16
 ENGINE_SERIES = tuple(
     f"ttg_engine_process_{name}{{{k}}}"
-    for name in ("lag_seconds", "load", "busy")
+    for name in ("lag_seconds", "load", "busy", "receive_lag_seconds", "queue_wait_seconds")
     for k in range(MAX_ENGINES)
 )
 
 
 def engine_extremes(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per engine process seen in the samples' series: its largest lag, when (seconds from the first
-    sample with series) and its load and busy share then, and its largest load and busy share."""
+    sample with series), its load, busy share and the lag's first two parts then (to the queue, in the
+    queue), and its largest load and busy share."""
     have = [s for s in samples if s.get("series")]
     out: dict[str, dict[str, float]] = {}
     for k in range(MAX_ENGINES):
         lag_key = f"ttg_engine_process_lag_seconds{{{k}}}"
         load_key, busy_key = f"ttg_engine_process_load{{{k}}}", f"ttg_engine_process_busy{{{k}}}"
+        parts = (
+            f"ttg_engine_process_receive_lag_seconds{{{k}}}",
+            f"ttg_engine_process_queue_wait_seconds{{{k}}}",
+        )
         rows = [
-            (s["t"], s["series"][lag_key], s["series"].get(load_key, 0.0), s["series"].get(busy_key, 0.0))
+            (
+                s["t"],
+                s["series"][lag_key],
+                *(s["series"].get(key, 0.0) for key in (load_key, busy_key, *parts)),
+            )
             for s in have
             if lag_key in s["series"]
         ]
         if not rows:
             continue
-        t, lag, load, busy = max(rows, key=lambda r: r[1])
+        t, lag, load, busy, receive, queue = max(rows, key=lambda r: r[1])
         out[str(k)] = {
             "lag_max_s": round(lag, 3),
             "lag_max_at_s": round(t - have[0]["t"], 1),
@@ -411,6 +420,8 @@ def engine_extremes(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]
             "load_max": round(max(r[2] for r in rows), 3),
             "busy_at_lag_max": round(busy, 3),
             "busy_max": round(max(r[3] for r in rows), 3),
+            "receive_lag_at_lag_max_s": round(receive, 3),
+            "queue_wait_at_lag_max_s": round(queue, 3),
         }
     return out
 
@@ -776,11 +787,13 @@ def _admission_lines(rows: list[dict[str, Any]]) -> str:
         engines = r.get("engines")
         if engines and len(engines) > 1:
             lines.append(
-                f"- {r['level']} calls, each engine's lag max (its load and busy share then; their maxima): "
+                f"- {r['level']} calls, each engine's lag max (then: its load, busy share, the lag's parts "
+                "to and in the queue; the load's and busy share's maxima): "
                 + ", ".join(
                     f"{k}: {e['lag_max_s']} s at {e['lag_max_at_s']} s "
-                    f"({e['load_at_lag_max']}, busy {e['busy_at_lag_max']}; {e['load_max']}, "
-                    f"busy {e['busy_max']})"
+                    f"({e['load_at_lag_max']}, busy {e['busy_at_lag_max']}, "
+                    f"{e.get('receive_lag_at_lag_max_s')} + {e.get('queue_wait_at_lag_max_s')} s; "
+                    f"{e['load_max']}, busy {e['busy_max']})"
                     for k, e in engines.items()
                 )
             )
