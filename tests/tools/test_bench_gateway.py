@@ -17,6 +17,7 @@ from gateway.metrics import init_metrics
 from tools.bench.gateway import (
     ADMISSION_SERIES,
     QUANTILE_HISTOGRAMS,
+    _admission_lines,
     _daemon_env,
     _machine,
     _merge_reports,
@@ -280,6 +281,27 @@ def test_a_levels_engine_extremes_name_the_engine_that_fell_behind_and_its_load_
         },
     }
     assert engine_extremes([{"t": 1.0, "series": {"ttg_active_calls": 3.0}}]) == {}
+
+
+def test_a_levels_summary_says_where_even_a_single_engines_lag_sat() -> None:
+    """One engine (the one-process gateway's, or one engine process) gets its line too: its lag's peak,
+    its load and busy share then, and the lag's parts on the way to its queue and in it."""
+    engine = {
+        "lag_max_s": 0.631,
+        "lag_max_at_s": 10.0,
+        "load_at_lag_max": 1.058,
+        "load_max": 1.058,
+        "busy_at_lag_max": 1.0,
+        "busy_max": 1.0,
+        "receive_lag_at_lag_max_s": 0.032,
+        "queue_wait_at_lag_max_s": 0.434,
+    }
+    lines = _admission_lines([{"level": 64, "engines": {"0": engine}}]).splitlines()
+    assert lines == [
+        "- 64 calls, each engine's lag max (then: its load, busy share, the lag's parts to and in the queue; "
+        "the load's and busy share's maxima): 0: 0.631 s at 10.0 s (1.058, busy 1.0, 0.032 + 0.434 s; 1.058, "
+        "busy 1.0)"
+    ]
 
 
 def test_the_default_rtp_ranges_carry_the_default_levels_and_a_range_too_narrow_is_named_up_front() -> None:

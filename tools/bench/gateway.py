@@ -30,9 +30,10 @@ process (% of one core) and the GPU's mean/peak utilisation over the level. The 
 also read every second for admission (`ADMISSION_SERIES`: calls up, the adaptive call limit, the
 engine's load and lag, INVITEs answered 503): each level's timeline goes into summary.json
 (`admission_timeline`), its extremes into summary.md — how a burst met the call limit, second by second.
-With several engine processes, each one's own lag, load and busy share are read too (`ENGINE_SERIES`):
-`engines` in summary.json, one line in summary.md — which engine fell behind, when, at what load, and
-whether its MLX thread had any time left then.
+Each engine's own lag, load, busy share and the lag's first two parts are read too (`ENGINE_SERIES`; the
+one-process gateway's engine is engine 0): `engines` in summary.json, one line in summary.md — which engine
+fell behind, when, at what load, whether its MLX thread had any time left then, and how much of the lag was
+on the way to its queue and in it.
 """
 
 from __future__ import annotations
@@ -785,7 +786,7 @@ def _admission_lines(rows: list[dict[str, Any]]) -> str:
                 f"{a['refused_503']}"
             )
         engines = r.get("engines")
-        if engines and len(engines) > 1:
+        if engines:
             lines.append(
                 f"- {r['level']} calls, each engine's lag max (then: its load, busy share, the lag's parts "
                 "to and in the queue; the load's and busy share's maxima): "
