@@ -380,7 +380,7 @@ ADMISSION_SERIES = (
 )
 
 
-# Each engine process's own lag and load, for the engines of a level (which one fell behind, at what load).
+# Each engine's own lag, load, busy share and the lag's first two parts (which one fell behind, and why).
 MAX_ENGINES = 16
 ENGINE_SERIES = tuple(
     f"ttg_engine_process_{name}{{{k}}}"
