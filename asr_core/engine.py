@@ -489,10 +489,12 @@ class AsrEngine:
                         self._wake.wait(None if deadline is None else max(0.0, deadline - now))
                 t0 = time.perf_counter()
                 self._run(plan)
-                busy = time.perf_counter() - t0
-                self._report.busy_s += busy
+                t1 = time.perf_counter()
+                # The report's period may have begun inside this run (a report is logged mid-step): only
+                # the part after its start is its, so that its share never passes 1.
+                self._report.busy_s += t1 - max(t0, self._report.since)
                 with self._lock:
-                    self._busy.add(self._clock(), busy)
+                    self._busy.add(self._clock(), t1 - t0)
         except BaseException as e:  # any failure here is fatal, reported loudly
             self._fail(e)
         finally:
@@ -701,7 +703,7 @@ class _StepReport:
 
     due: float
     rows: int = 0
-    busy_s: float = 0.0  # the MLX thread's time in steps (`_run`), each step's every part
+    busy_s: float = 0.0  # the MLX thread's time in steps (`_run`, every part of one) since `since`
     last: dict[str, float] = field(default_factory=dict)
     since: float = field(default_factory=time.perf_counter)
 
