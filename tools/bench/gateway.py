@@ -490,7 +490,7 @@ def _engine_numbers(before: dict[str, float], after: dict[str, float], seconds: 
 
 
 def _bound(value: float | None) -> float | str | None:
-    """A bucket's bound for summary.json: "inf" past the last one (JSON has no infinity)."""
+    """A time for summary.json: "inf" where it is infinite (JSON has no infinity)."""
     return value if value is None or math.isfinite(value) else "inf"
 
 
@@ -499,9 +499,7 @@ def _p95(values: list[float]) -> float | str | None:
     from tools.replay.analysis import p95_nearest_rank
 
     value = p95_nearest_rank(values)
-    if value is None:
-        return None
-    return round(value, 3) if math.isfinite(value) else "inf"
+    return None if value is None else _bound(round(value, 3))
 
 
 def _merge_reports(folders: list[Path]) -> dict[str, Any]:
