@@ -35,7 +35,7 @@ from typing import Any
 
 from asr_core.api import AsrEvent, StreamEnded, StreamOptions
 from asr_core.channel import ChannelEnd, ChannelReader, ChannelWriter
-from asr_core.engine import AsrEngine, ChunkStream
+from asr_core.engine import AsrEngine, ChunkStream, RecentMax
 from asr_core.errors import AsrError
 from asr_core.wire import (
     DECODE,
@@ -166,6 +166,9 @@ class EngineHost:
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._receive, name="asr-receiver", daemon=True)
         self.records = 0
+        # The longest time from a chunk's completion in its front end to this thread reading it (the media
+        # worker's publishing, then the channel's wake-up of this thread): the first part of receive_lag_s.
+        self._arrival_lag = RecentMax()
 
     def start(self) -> None:
         self.out.start()
@@ -186,8 +189,13 @@ class EngineHost:
             self._wake_w.send(b"+")
 
     def status(self) -> dict[str, Any]:
+        """The engine's status, with how many front ends went away and `arrival_lag_s`: the longest time,
+        over the last second or two, from a chunk's completion in its front end to this process reading it
+        from the channel (what is left of the engine's `receive_lag_s` is this process applying it: the
+        receiving thread's turn, the stream's and the engine's locks)."""
         s: dict[str, Any] = dict(self.engine.status())
         s["front_ends_gone"] = sum(self._gone)
+        s["arrival_lag_s"] = self._arrival_lag.value(time.monotonic())
         return s
 
     def emit(self, key: int, ev: AsrEvent) -> None:
@@ -229,14 +237,20 @@ class EngineHost:
         """Apply what front end i published since the last call; False if it sent a bad record (its
         streams are dropped then)."""
         r = self.inputs[i]
+        now, oldest = time.monotonic(), None
         try:
             for kind, view in r.poll():
                 self.records += 1
-                self._apply(i, decode_input(kind, view))
+                rec = decode_input(kind, view)
+                if isinstance(rec, Chunk) and (oldest is None or rec.payload.completed_at < oldest):
+                    oldest = rec.payload.completed_at
+                self._apply(i, rec)
         except WireError as e:
             logger.error("front end %d sent a bad record (%s); dropping its streams", i, e)
             self._front_end_gone(i, sel)
             return False
+        if oldest is not None:
+            self._arrival_lag.record(now - oldest, now)
         r.release()
         return True
 

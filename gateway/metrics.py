@@ -88,6 +88,18 @@ CALL_LIMIT = Gauge(
     "Streams the adaptive call limit admits now (opens while the engine keeps up; max_calls when off)",
 )
 MEDIA_WORKERS = Gauge("ttg_media_workers", "Media worker processes running (0 in single-process mode)")
+MEDIA_WORKER_LOOP_LAG = Gauge(
+    "ttg_media_worker_loop_lag_seconds",
+    "How late each media worker's event loop ran a timer, the most over its last report (about a second): "
+    "a long loop turn delays every packet and chunk of its calls",
+    ["worker"],
+)
+MEDIA_WORKER_FLUSH_DELAY = Gauge(
+    "ttg_media_worker_flush_delay_seconds",
+    "The longest a chunk each media worker completed waited to be published to its engine's channel, over "
+    "its last report (about a second): the media worker's part of the engine's receive lag",
+    ["worker"],
+)
 ENGINE_STREAMS = Gauge(
     "ttg_engine_streams",
     "Audio streams each ASR engine process holds (its latest status; 0 while it is replaced): new legs go "
@@ -108,6 +120,13 @@ ENGINE_PROCESS_RECEIVE_LAG = Gauge(
     "ttg_engine_process_receive_lag_seconds",
     "The first part of each ASR engine process's lag: the longest time from a chunk's audio to its arrival "
     "in the engine's queue (its front end and the channel from its media worker), over the same span",
+    ["engine"],
+)
+ENGINE_PROCESS_ARRIVAL_LAG = Gauge(
+    "ttg_engine_process_arrival_lag_seconds",
+    "The part of each ASR engine process's receive lag before it read the chunk: the longest time from a "
+    "chunk's completion in its media worker to the engine process reading it from the channel, over the "
+    "same span (0 in single-process mode: no channel)",
     ["engine"],
 )
 ENGINE_PROCESS_QUEUE_WAIT = Gauge(
@@ -333,6 +352,13 @@ class PrometheusSinkHooks:
         EVENTS_BUFFERED.set_function(fn)
 
 
+def set_media_worker_timing(worker: str, loop_lag_s: float, flush_delay_s: float) -> None:
+    """One media worker's latest report of its event loop's lateness and its chunks' wait to be published
+    (zeros once it is gone)."""
+    MEDIA_WORKER_LOOP_LAG.labels(worker).set(loop_lag_s)
+    MEDIA_WORKER_FLUSH_DELAY.labels(worker).set(flush_delay_s)
+
+
 def set_engine_status(engine: str, status: Mapping[str, float]) -> None:
     """One engine process's latest status record on its labelled gauges (zeros for an empty one): the
     largest lag and load of the engines drive admission, these show which engine they came from."""
@@ -341,4 +367,5 @@ def set_engine_status(engine: str, status: Mapping[str, float]) -> None:
     ENGINE_PROCESS_LOAD.labels(engine).set(status.get("load", 0.0))
     ENGINE_PROCESS_BUSY.labels(engine).set(status.get("busy", 0.0))
     ENGINE_PROCESS_RECEIVE_LAG.labels(engine).set(status.get("receive_lag_s", 0.0))
+    ENGINE_PROCESS_ARRIVAL_LAG.labels(engine).set(status.get("arrival_lag_s", 0.0))
     ENGINE_PROCESS_QUEUE_WAIT.labels(engine).set(status.get("queue_wait_s", 0.0))

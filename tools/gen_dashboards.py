@@ -494,6 +494,10 @@ def asr_rows() -> list[Row]:
                     [
                         (f"max by (engine) (ttg_engine_process_lag_seconds{SEL})", "all {{engine}}"),
                         (
+                            f"max by (engine) (ttg_engine_process_arrival_lag_seconds{SEL})",
+                            "to its process {{engine}}",
+                        ),
+                        (
                             f"max by (engine) (ttg_engine_process_receive_lag_seconds{SEL})",
                             "to the queue {{engine}}",
                         ),
@@ -505,8 +509,24 @@ def asr_rows() -> list[Row]:
                     unit="s",
                     description="A chunk's longest delay over the last second or two, from its audio to its "
                     "decoding, beside its first two parts: from its audio to the engine's queue (the media "
-                    "worker and the channel) and in the queue waiting for a step; the rest is the step, "
-                    "the decoding and the transcript's assembly",
+                    "worker and the channel; 'to its process' is the part until the engine process read "
+                    "it) and in the queue waiting for a step; the rest is the step, the decoding and the "
+                    "transcript's assembly",
+                ),
+                Panel(
+                    "Media workers' event loops",
+                    [
+                        (f"max by (worker) (ttg_media_worker_loop_lag_seconds{SEL})", "loop lag {{worker}}"),
+                        (
+                            f"max by (worker) (ttg_media_worker_flush_delay_seconds{SEL})",
+                            "to the channel {{worker}}",
+                        ),
+                    ],
+                    unit="s",
+                    description="Per media worker, the most each second that its event loop ran a timer late "
+                    "(a long turn delays its calls' packets and chunks) and that a chunk its front end "
+                    "completed waited to be published to its engine: the worker's part of 'to the queue' "
+                    "above; the rest of that is the channel and the engine's receiving thread",
                 ),
             ],
         ),

@@ -43,6 +43,9 @@ from gateway.workers.protocol import CounterDeltas, line, plan_from_json, stats_
 logger = logging.getLogger(__name__)
 
 METRICS_PERIOD_S = 1.0
+# The event loop's lateness is read from a timer this often (what a turn that long does to a call's
+# packets and chunks shows in `ttg_media_worker_loop_lag_seconds`).
+LAG_PROBE_S = 0.05
 
 
 @dataclass(eq=False)
@@ -63,7 +66,7 @@ class _Leg:
         payloads = self.front.push(pcm16k)
         if payloads:
             self.worker.sender.chunks(self.key, payloads, self.front.samples)
-            self.worker.dirty()
+            self.worker.dirty(payloads[0].completed_at)
 
     def on_dtmf(self, digit: str, start_ms: int, duration_ms: int) -> None:
         self.worker.send({"op": "dtmf", "leg": self.name, "digit": digit, "start_ms": start_ms,
@@ -91,11 +94,19 @@ class MediaWorker:
         self._flush_scheduled = False
         self._loop = asyncio.get_running_loop()
         self._deltas = CounterDeltas()
+        # Since when the oldest chunk not yet published waits (None: none waits), and the report period's
+        # longest such wait and the loop's largest lateness (sent with the next periodic report).
+        self._unflushed_since: float | None = None
+        self.flush_delay_max = 0.0
+        self.loop_lag_max = 0.0
 
     # -- to the engine and to the main process ----------------------------------------------------
 
-    def dirty(self) -> None:
-        """Chunks were written: publish them once this event-loop turn is done."""
+    def dirty(self, completed_at: float | None = None) -> None:
+        """Records were written: publish them once this event-loop turn is done. `completed_at`: the
+        monotonic time its front end completed the first chunk among them (chunks only)."""
+        if completed_at is not None and self._unflushed_since is None:
+            self._unflushed_since = completed_at
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -105,6 +116,10 @@ class MediaWorker:
         if not self.sender.flush():  # the ring is full: the engine is behind; try again shortly
             self._flush_scheduled = True
             self._loop.call_later(0.005, self._flush)
+            return
+        if self._unflushed_since is not None:
+            self.flush_delay_max = max(self.flush_delay_max, time.monotonic() - self._unflushed_since)
+            self._unflushed_since = None
 
     def send(self, msg: dict[str, Any]) -> None:
         if not self._writer.is_closing():
@@ -175,7 +190,7 @@ class MediaWorker:
         self.sender.chunks(leg.key, payloads, leg.front.samples, last_is_final=last_is_final)
         if not last_is_final:
             self.sender.finish(leg.key, leg.front.samples)
-        self.dirty()
+        self.dirty(payloads[0].completed_at if payloads else None)
         if leg.media is None:
             del self.legs[name]
 
@@ -194,15 +209,28 @@ class MediaWorker:
             self._abort(name)
         self.sender.flush()
 
-    def send_metrics(self, streams: int | None = None) -> None:
-        """The counters' increments since the last report, and the RTP streams up (`streams` if given)."""
+    def send_metrics(self, streams: int | None = None, *, timing: bool = False) -> None:
+        """The counters' increments since the last report, and the RTP streams up (`streams` if given);
+        `timing`: with the period's loop lag and flush delay maxima, which start again from 0."""
         up = self.manager.streams if streams is None else streams
-        self.send({"op": "metrics", "counters": self._deltas.take(), "streams": up})
+        msg: dict[str, Any] = {"op": "metrics", "counters": self._deltas.take(), "streams": up}
+        if timing:
+            msg["loop_lag_s"], msg["flush_delay_s"] = self.loop_lag_max, self.flush_delay_max
+            self.loop_lag_max = self.flush_delay_max = 0.0
+        self.send(msg)
 
     async def metrics_loop(self) -> None:
+        """A report every METRICS_PERIOD_S; between reports, how late the loop wakes a LAG_PROBE_S timer."""
+        loop = self._loop
+        report_at = loop.time() + METRICS_PERIOD_S
         while True:
-            await asyncio.sleep(METRICS_PERIOD_S)
-            self.send_metrics()
+            asleep = loop.time()
+            await asyncio.sleep(LAG_PROBE_S)
+            now = loop.time()
+            self.loop_lag_max = max(self.loop_lag_max, now - asleep - LAG_PROBE_S)
+            if now >= report_at:
+                report_at = now + METRICS_PERIOD_S
+                self.send_metrics(timing=True)
 
 
 async def _serve(args: argparse.Namespace) -> int:

@@ -349,6 +349,9 @@ class MediaWorkerPool:
             apply_deltas(self._counters, msg.get("counters") or [])
             w.streams = int(msg.get("streams", 0))
             metrics.RTP_STREAMS.set(sum(x.streams for x in self.workers if x.alive))
+            if "loop_lag_s" in msg:
+                loop_lag, flush_delay = float(msg["loop_lag_s"]), float(msg.get("flush_delay_s", 0.0))
+                metrics.set_media_worker_timing(str(w.index), loop_lag, flush_delay)
             return
         if op == "ready":
             if w.ready is not None and not w.ready.done():
@@ -366,6 +369,7 @@ class MediaWorkerPool:
         if not w.alive:
             return
         w.alive = False
+        metrics.set_media_worker_timing(str(w.index), 0.0, 0.0)
         legs = sorted(w.legs)
         w.legs.clear()
         for leg in legs:

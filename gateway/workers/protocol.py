@@ -18,6 +18,8 @@ straight to the engine process through a shared-memory channel (asr_core.channel
                      {"op": "dtmf", "leg": L, "digit": d, "start_ms": s, "duration_ms": t}
                      {"op": "inactive", "leg": L}
                      {"op": "metrics", "counters": [[name, {labels}, delta], ...], "streams": n}
+                     once a second also "loop_lag_s", "flush_delay_s": the period's largest lateness of
+                     the worker's event loop, and longest wait of a chunk to be published to its engine
 
 A leg is named by a string the main process chooses (unique among its live legs).
 """

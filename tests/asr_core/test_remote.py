@@ -4,6 +4,7 @@ is seen, and what was decoded before is not lost."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -17,11 +18,13 @@ from typing import Any
 import pytest
 
 from asr_core.api import StreamEnded, StreamOptions, TranscriptEvent
+from asr_core.channel import ChannelWriter
 from asr_core.config import DecoderConfig, EngineConfig, SchedulerConfig
 from asr_core.engine import AsrEngine
+from asr_core.frontend import FrontEndFactory, FrontEndSpec
 from asr_core.model import GPU_CACHE_LIMIT_BYTES, GPU_PROCESS_RESERVE_BYTES, AsrModel, gpu_memory_limits
-from asr_core.remote import EngineProcess
-from asr_core.wire import Event, Step
+from asr_core.remote import ChunkSender, EngineProcess
+from asr_core.wire import Event, Status, Step
 from tools.bench.engine import synthetic_call
 
 SECONDS = 3.0
@@ -183,6 +186,33 @@ def test_the_parent_sees_the_engine_process_die(engine_process: Any) -> None:
     engine.proc.wait(10)
     assert not engine.poll_control()
     assert engine.failure is not None and "exited" in engine.failure
+
+
+def test_the_engine_process_says_how_long_a_chunk_took_to_reach_it_from_its_front_end(
+    engine_process: Any,
+) -> None:
+    """A front end that publishes a chunk half a second after completing it (a media worker's loop held
+    up): the engine process's status counts that half second until it read the chunk (`arrival_lag_s`),
+    a part of the way to its queue (`receive_lag_s`)."""
+    engine, spec_file = engine_process
+    spec = FrontEndSpec.from_json(json.loads(spec_file.read_text()))
+    front = FrontEndFactory(spec).stream(spec.default_lookahead)
+    sender = ChunkSender(ChannelWriter.open(engine.front_end_ends()[0]))
+    sender.open(1, None, "en-US", "late")
+    payloads = front.push(synthetic_call(1.0, seed=90))
+    late = [dataclasses.replace(p, completed_at=time.monotonic() - 0.5) for p in payloads]
+    sender.chunks(1, late, front.samples)
+    assert late and sender.flush()
+    seen: dict[str, Any] = {"arrival_lag_s": 0.0}  # the status with the largest arrival lag
+    deadline = time.monotonic() + 30
+    while seen["arrival_lag_s"] < 0.5 and time.monotonic() < deadline:
+        select.select([engine.results], [], [], 1.0)
+        for out in engine.read_results():
+            if isinstance(out, Status) and out.values.get("arrival_lag_s", 0.0) > seen["arrival_lag_s"]:
+                seen = out.values
+    assert seen["arrival_lag_s"] >= 0.5, seen
+    assert seen["receive_lag_s"] >= seen["arrival_lag_s"]
+    sender.writer.close()
 
 
 def test_the_engine_process_hands_the_interpreter_lock_over_at_the_interval_it_is_given(

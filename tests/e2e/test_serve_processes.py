@@ -199,9 +199,20 @@ async def test_two_engine_processes_share_the_calls_of_their_workers_and_stop_cl
             "ttg_engine_process_load",
             "ttg_engine_process_busy",
             "ttg_engine_process_receive_lag_seconds",
+            "ttg_engine_process_arrival_lag_seconds",
             "ttg_engine_process_queue_wait_seconds",
         ):
             assert all(f'{name}{{engine="{k}"}}' in page for k in ("0", "1")), name
+
+        def timing_missing() -> list[str]:  # each media worker's loop lag and flush delay, from its reports
+            _, page = gw.http("/metrics")
+            names = ("ttg_media_worker_loop_lag_seconds", "ttg_media_worker_flush_delay_seconds")
+            series = [f'{name}{{worker="{k}"}}' for name in names for k in ("0", "1", "2")]
+            return [s for s in series if s not in page]
+
+        await until(
+            lambda: not timing_missing(), "each media worker's timing", detail=lambda: str(timing_missing())
+        )
         await until(  # and each engine's thread reports its time stepping these calls
             lambda: all(gw.metric("ttg_engine_process_busy", engine=k) > 0.0 for k in ("0", "1")),
             "both engines busy stepping",

@@ -37,6 +37,8 @@ def drive_once(n_calls: int = 3) -> None:
     _hooks.transcript("partial", _rnd.uniform(0.1, 0.5))
     _hooks.transcript("final", _rnd.uniform(0.2, 0.9))
     _hooks.time_to_final(_rnd.uniform(0.15, 0.4))
+    for worker in ("0", "1"):
+        m.set_media_worker_timing(worker, _rnd.uniform(0.0, 0.02), _rnd.uniform(0.0, 0.01))
     if _rnd.random() < 0.1:
         _hooks.chunk_dropped("call-x")
 

@@ -26,6 +26,7 @@ from tools.bench.gateway import (
     bucket_quantile,
     engine_extremes,
     machine_window,
+    media_extremes,
     port_range_problem,
     scrape_text,
 )
@@ -244,8 +245,10 @@ def test_a_levels_engine_extremes_name_the_engine_that_fell_behind_and_its_load_
         series = {f"ttg_engine_process_lag_seconds{{{k}}}": v for k, v in enumerate(lags)}
         series |= {f"ttg_engine_process_load{{{k}}}": v for k, v in enumerate(loads)}
         series |= {f"ttg_engine_process_busy{{{k}}}": v for k, v in enumerate(busy)}
-        # the lag's first two parts: a fifth of it on the way to the queue, half in the queue
+        # the lag's first parts: a fifth of it on the way to the queue (a tenth until its process read the
+        # chunk), half in the queue
         series |= {f"ttg_engine_process_receive_lag_seconds{{{k}}}": v / 5 for k, v in enumerate(lags)}
+        series |= {f"ttg_engine_process_arrival_lag_seconds{{{k}}}": v / 10 for k, v in enumerate(lags)}
         series |= {f"ttg_engine_process_queue_wait_seconds{{{k}}}": v / 2 for k, v in enumerate(lags)}
         return {"t": t, "series": series}
 
@@ -267,6 +270,7 @@ def test_a_levels_engine_extremes_name_the_engine_that_fell_behind_and_its_load_
             "busy_at_lag_max": 1.0,
             "busy_max": 1.0,
             "receive_lag_at_lag_max_s": 0.28,
+            "arrival_lag_at_lag_max_s": 0.14,
             "queue_wait_at_lag_max_s": 0.7,
         },
         "1": {
@@ -277,6 +281,7 @@ def test_a_levels_engine_extremes_name_the_engine_that_fell_behind_and_its_load_
             "busy_at_lag_max": 0.7,
             "busy_max": 0.9,
             "receive_lag_at_lag_max_s": 0.06,
+            "arrival_lag_at_lag_max_s": 0.03,
             "queue_wait_at_lag_max_s": 0.15,
         },
     }
@@ -294,14 +299,51 @@ def test_a_levels_summary_says_where_even_a_single_engines_lag_sat() -> None:
         "busy_at_lag_max": 1.0,
         "busy_max": 1.0,
         "receive_lag_at_lag_max_s": 0.032,
+        "arrival_lag_at_lag_max_s": 0.0,
         "queue_wait_at_lag_max_s": 0.434,
     }
     lines = _admission_lines([{"level": 64, "engines": {"0": engine}}]).splitlines()
     assert lines == [
-        "- 64 calls, each engine's lag max (then: its load, busy share, the lag's parts to and in the queue; "
-        "the load's and busy share's maxima): 0: 0.631 s at 10.0 s (1.058, busy 1.0, 0.032 + 0.434 s; 1.058, "
-        "busy 1.0)"
+        "- 64 calls, each engine's lag max (then: its load, busy share, the lag's parts to and in the queue, "
+        "of the first the part until its process read the chunk; the load's and busy share's maxima): 0: "
+        "0.631 s at 10.0 s (1.058, busy 1.0, 0.032 (read after 0.0) + 0.434 s; 1.058, busy 1.0)"
     ]
+
+
+def test_the_media_workers_timing_says_how_much_of_an_engines_receive_lag_was_theirs() -> None:
+    """Each media worker reports its event loop's lateness and its chunks' wait to be published; the bench
+    keeps the largest of each (and whose), and at each engine's lag peak the largest of the workers then."""
+
+    def sample(t: float, lag: float, loops: tuple[float, ...], flush: tuple[float, ...]) -> dict[str, Any]:
+        series = {"ttg_engine_process_lag_seconds{0}": lag, "ttg_engine_process_receive_lag_seconds{0}": 0.7}
+        series |= {f"ttg_media_worker_loop_lag_seconds{{{k}}}": v for k, v in enumerate(loops)}
+        series |= {f"ttg_media_worker_flush_delay_seconds{{{k}}}": v for k, v in enumerate(flush)}
+        return {"t": t, "series": series}
+
+    samples = [
+        sample(10.0, 0.4, (0.02, 0.03, 0.01), (0.01, 0.02, 0.01)),
+        sample(11.0, 1.4, (0.05, 0.31, 0.04), (0.02, 0.28, 0.03)),  # engine 0's peak: worker 1 held up
+        sample(12.0, 0.9, (0.45, 0.02, 0.03), (0.01, 0.02, 0.05)),  # worker 0's longest turn, later
+    ]
+    assert media_extremes(samples) == {
+        "loop_lag_max_s": 0.45,
+        "loop_lag_max_worker": 0,
+        "flush_delay_max_s": 0.28,
+        "flush_delay_max_worker": 1,
+    }
+    engine = engine_extremes(samples)["0"]
+    assert (engine["media_loop_lag_at_lag_max_s"], engine["media_flush_delay_at_lag_max_s"]) == (0.31, 0.28)
+    lines = _admission_lines([{"level": 2000, "media_workers": media_extremes(samples)}]).splitlines()
+    assert lines == [
+        "- 2000 calls, the media workers' event-loop lag max 0.45 s (worker 0), a chunk's wait to be "
+        "published to its engine max 0.28 s (worker 1)"
+    ]
+    # the one-process gateway has no media workers: nothing about them
+    assert media_extremes([{"t": 1.0, "series": {"ttg_engine_process_lag_seconds{0}": 0.2}}]) == {}
+    assert (
+        "media_loop_lag_at_lag_max_s"
+        not in engine_extremes([{"t": 1.0, "series": {"ttg_engine_process_lag_seconds{0}": 0.2}}])["0"]
+    )
 
 
 def test_the_default_rtp_ranges_carry_the_default_levels_and_a_range_too_narrow_is_named_up_front() -> None:

@@ -30,10 +30,13 @@ process (% of one core) and the GPU's mean/peak utilisation over the level. The 
 also read every second for admission (`ADMISSION_SERIES`: calls up, the adaptive call limit, the
 engine's load and lag, INVITEs answered 503): each level's timeline goes into summary.json
 (`admission_timeline`), its extremes into summary.md — how a burst met the call limit, second by second.
-Each engine's own lag, load, busy share and the lag's first two parts are read too (`ENGINE_SERIES`; the
+Each engine's own lag, load, busy share and the lag's first parts are read too (`ENGINE_SERIES`; the
 one-process gateway's engine is engine 0): `engines` in summary.json, one line in summary.md — which engine
 fell behind, when, at what load, whether its MLX thread had any time left then, and how much of the lag was
-on the way to its queue and in it.
+on the way to its queue (and of that, until its process read the chunk) and in it. Each media worker's
+event-loop lag and the longest wait of its chunks to be published to the engine (`MEDIA_SERIES`) too:
+`media_workers` in summary.json (their maxima), and at each engine's lag peak the workers' largest then —
+how much of the way to the queue was the media workers' own.
 """
 
 from __future__ import annotations
@@ -267,7 +270,7 @@ class Sampler:
             if self.metrics_url:
                 with contextlib.suppress(OSError, ValueError):
                     text = _get(self.metrics_url, 2.0)
-                    sample["series"] = parse_metrics(text, ADMISSION_SERIES + ENGINE_SERIES)
+                    sample["series"] = parse_metrics(text, ADMISSION_SERIES + ENGINE_SERIES + MEDIA_SERIES)
             if smi:
                 with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
                     out = subprocess.run(
@@ -296,6 +299,9 @@ class Sampler:
         engines = engine_extremes(inside)
         if engines:
             out["engines"] = engines
+        media = media_extremes(inside)
+        if media:
+            out["media_workers"] = media
         gpu = [s["gpu_util"] for s in inside if "gpu_util" in s]
         if gpu:
             out["gpu_util_mean"] = round(float(np.mean(gpu)), 1)
@@ -384,15 +390,56 @@ ADMISSION_SERIES = (
 MAX_ENGINES = 16
 ENGINE_SERIES = tuple(
     f"ttg_engine_process_{name}{{{k}}}"
-    for name in ("lag_seconds", "load", "busy", "receive_lag_seconds", "queue_wait_seconds")
+    for name in (
+        "lag_seconds",
+        "load",
+        "busy",
+        "receive_lag_seconds",
+        "arrival_lag_seconds",
+        "queue_wait_seconds",
+    )
     for k in range(MAX_ENGINES)
 )
+
+
+# Each media worker's event-loop lag and the wait of its chunks to be published (the media worker's part of
+# an engine's receive lag): each a maximum over the worker's last report period.
+MAX_MEDIA_WORKERS = 64
+MEDIA_SERIES = tuple(
+    f"ttg_media_worker_{name}{{{k}}}"
+    for name in ("loop_lag_seconds", "flush_delay_seconds")
+    for k in range(MAX_MEDIA_WORKERS)
+)
+
+
+def _media_max(series: dict[str, float], name: str) -> float:
+    """The largest of the media workers' series `name` in one sample."""
+    return max(series.get(f"ttg_media_worker_{name}{{{k}}}", 0.0) for k in range(MAX_MEDIA_WORKERS))
+
+
+def media_extremes(samples: list[dict[str, Any]]) -> dict[str, float]:
+    """The media workers' largest event-loop lag and flush delay over the samples, each with the worker it
+    came from; {} where no media worker reported (the one-process gateway)."""
+    have = [s for s in samples if s.get("series")]
+    out: dict[str, float] = {}
+    for name, key in (("loop_lag_seconds", "loop_lag"), ("flush_delay_seconds", "flush_delay")):
+        seen = [
+            (s["series"][series], k)
+            for s in have
+            for k in range(MAX_MEDIA_WORKERS)
+            if (series := f"ttg_media_worker_{name}{{{k}}}") in s["series"]
+        ]
+        if seen:
+            value, worker = max(seen)
+            out[f"{key}_max_s"], out[f"{key}_max_worker"] = round(value, 3), worker
+    return out
 
 
 def engine_extremes(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per engine process seen in the samples' series: its largest lag, when (seconds from the first
     sample with series), its load, busy share and the lag's first two parts then (to the queue, in the
-    queue), and its largest load and busy share."""
+    queue), and its largest load and busy share; where media workers report, their largest event-loop lag
+    and flush delay in that sample (what of the way to the queue was the media workers')."""
     have = [s for s in samples if s.get("series")]
     out: dict[str, dict[str, float]] = {}
     for k in range(MAX_ENGINES):
@@ -400,6 +447,7 @@ def engine_extremes(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]
         load_key, busy_key = f"ttg_engine_process_load{{{k}}}", f"ttg_engine_process_busy{{{k}}}"
         parts = (
             f"ttg_engine_process_receive_lag_seconds{{{k}}}",
+            f"ttg_engine_process_arrival_lag_seconds{{{k}}}",
             f"ttg_engine_process_queue_wait_seconds{{{k}}}",
         )
         rows = [
@@ -413,7 +461,7 @@ def engine_extremes(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]
         ]
         if not rows:
             continue
-        t, lag, load, busy, receive, queue = max(rows, key=lambda r: r[1])
+        t, lag, load, busy, receive, arrival, queue = max(rows, key=lambda r: r[1])
         out[str(k)] = {
             "lag_max_s": round(lag, 3),
             "lag_max_at_s": round(t - have[0]["t"], 1),
@@ -422,8 +470,14 @@ def engine_extremes(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]
             "busy_at_lag_max": round(busy, 3),
             "busy_max": round(max(r[3] for r in rows), 3),
             "receive_lag_at_lag_max_s": round(receive, 3),
+            "arrival_lag_at_lag_max_s": round(arrival, 3),
             "queue_wait_at_lag_max_s": round(queue, 3),
         }
+        series = next(s["series"] for s in have if s["t"] == t)
+        if any(name.startswith("ttg_media_worker_") for name in series):
+            peak = out[str(k)]
+            peak["media_loop_lag_at_lag_max_s"] = round(_media_max(series, "loop_lag_seconds"), 3)
+            peak["media_flush_delay_at_lag_max_s"] = round(_media_max(series, "flush_delay_seconds"), 3)
     return out
 
 
@@ -787,14 +841,30 @@ def _admission_lines(rows: list[dict[str, Any]]) -> str:
         if engines:
             lines.append(
                 f"- {r['level']} calls, each engine's lag max (then: its load, busy share, the lag's parts "
-                "to and in the queue; the load's and busy share's maxima): "
+                "to and in the queue, of the first the part until its process read the chunk; the load's "
+                "and busy share's maxima): "
                 + ", ".join(
                     f"{k}: {e['lag_max_s']} s at {e['lag_max_at_s']} s "
                     f"({e['load_at_lag_max']}, busy {e['busy_at_lag_max']}, "
-                    f"{e.get('receive_lag_at_lag_max_s')} + {e.get('queue_wait_at_lag_max_s')} s; "
+                    f"{e.get('receive_lag_at_lag_max_s')} (read after {e.get('arrival_lag_at_lag_max_s')}) + "
+                    f"{e.get('queue_wait_at_lag_max_s')} s; "
                     f"{e['load_max']}, busy {e['busy_max']})"
                     for k, e in engines.items()
                 )
+            )
+        media = r.get("media_workers")
+        if media:
+            at_peaks = [
+                f"{k}: {e['media_loop_lag_at_lag_max_s']} / {e['media_flush_delay_at_lag_max_s']} s"
+                for k, e in (engines or {}).items()
+                if "media_loop_lag_at_lag_max_s" in e
+            ]
+            at = f"; both, largest of the workers, at each engine's lag max: {', '.join(at_peaks)}"
+            loop_lag = f"{media.get('loop_lag_max_s')} s (worker {media.get('loop_lag_max_worker')})"
+            flush = f"{media.get('flush_delay_max_s')} s (worker {media.get('flush_delay_max_worker')})"
+            lines.append(
+                f"- {r['level']} calls, the media workers' event-loop lag max {loop_lag}, a chunk's wait to "
+                f"be published to its engine max {flush}" + (at if at_peaks else "")
             )
         if r.get("transcript_latency_p95_s_at_most") is not None:
             lines.append(

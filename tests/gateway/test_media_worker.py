@@ -1,0 +1,96 @@
+"""A media worker's own timing reports: how late its event loop runs, and how long a chunk its front
+end completed waits before the engine's channel hears of it (`ttg_media_worker_loop_lag_seconds`,
+`ttg_media_worker_flush_delay_seconds`). A real worker object over a real channel, RTP ports and
+control socket, in this process so that a test can hold its loop up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from asr_core.channel import ChannelReader, ChannelWriter, channel_pair
+from asr_core.features import slaney_mel_filters
+from asr_core.frontend import ChunkPayload, FrontEndFactory, FrontEndSpec
+from asr_core.remote import ChunkSender
+from gateway.rtp.media import MediaConfig
+from gateway.rtp.receiver import MediaManager
+from gateway.workers.media_worker import MediaWorker
+from tools.ports import port_block
+
+
+class Harness:
+    def __init__(self, worker: MediaWorker, control: socket.socket, reader: ChannelReader) -> None:
+        self.worker, self.control, self.reader = worker, control, reader
+        self._buf = b""
+
+    async def next_timing_report(self, timeout_s: float = 5.0) -> dict[str, float]:
+        """The next periodic metrics report (the one that carries the loop lag and flush delay)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            while b"\n" in self._buf:
+                raw, self._buf = self._buf.split(b"\n", 1)
+                msg = json.loads(raw)
+                if msg.get("op") == "metrics" and "loop_lag_s" in msg:
+                    return msg
+            await asyncio.sleep(0.02)
+            with contextlib.suppress(BlockingIOError):
+                self._buf += self.control.recv(65536)
+        raise AssertionError("no timing report")
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    _, _, memory, (a, b) = channel_pair(1 << 20)
+    sender = ChunkSender(ChannelWriter(memory, a))
+    reader = ChannelReader(memory, b)
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    _, writer = await asyncio.open_unix_connection(sock=theirs)
+    filters = slaney_mel_filters()
+    spec = FrontEndSpec({}, filters, subsampling_factor=8, lookaheads=(3,), default_lookahead=3)
+    base = port_block(4)
+    manager = MediaManager(MediaConfig(), host="127.0.0.1", port_min=base, port_max=base + 3)
+    worker = MediaWorker(0, sender, FrontEndFactory(spec), manager, writer)
+    task = asyncio.create_task(worker.metrics_loop())
+    try:
+        yield Harness(worker, ours, reader)
+    finally:
+        task.cancel()
+        writer.close()
+        ours.close()
+        sender.writer.close()
+        reader.close()
+
+
+async def test_a_loop_turn_held_up_shows_as_the_workers_loop_lag(harness: Harness) -> None:
+    await harness.next_timing_report()  # a report period that starts now
+    quiet = await harness.next_timing_report()
+    assert quiet["loop_lag_s"] < 0.2
+    await asyncio.sleep(0)
+    time.sleep(0.3)  # one turn of the loop does 300 ms of work
+    held = await harness.next_timing_report()  # the probe that wakes late records it before it reports
+    assert held["loop_lag_s"] >= 0.25
+    after = await harness.next_timing_report()
+    assert after["loop_lag_s"] < 0.2  # each report has its own period's maximum
+
+
+async def test_a_chunk_completed_early_in_a_long_turn_counts_its_wait_to_be_sent(harness: Harness) -> None:
+    await harness.next_timing_report()
+    mel, energies = np.zeros((32, 128), np.float32), np.zeros(4, np.float32)
+    payload = ChunkPayload(mel=mel, energies_db=energies, completed_at=time.monotonic())
+    harness.worker.sender.chunks(7, [payload], 1280 * 4)
+    harness.worker.dirty(payload.completed_at)
+    time.sleep(0.2)  # the rest of the turn in which the front end completed it
+    await asyncio.sleep(0.01)  # the turn ends: the chunk is published
+    assert [kind for kind, _ in harness.reader.poll()]  # the engine's end sees it
+    report = await harness.next_timing_report()
+    assert report["flush_delay_s"] >= 0.2
+    assert (await harness.next_timing_report())["flush_delay_s"] == 0.0  # nothing waited since
