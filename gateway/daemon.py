@@ -79,6 +79,7 @@ ENGINE_REPLACE_DRAIN_S = 10.0
 REPLACEMENTS_PER_WINDOW = 3
 REPLACEMENT_WINDOW_S = 600.0
 STATUS_PERIOD_S = 0.25  # how often the engine's lag is looked at (admission, /readyz, metrics)
+OWN_LOOP_REPORT_S = 1.0  # single-process mode: how often this loop's lateness goes to the metrics
 
 
 class StartupError(Exception):
@@ -666,6 +667,14 @@ class Daemon:
             self.readiness.details["engines_up"] = lambda: self._engines_up
         self.readiness.model_loaded = True
         self._tasks.add(asyncio.create_task(self._watch_engine()))
+        if self.pool is None:  # the media path runs on this loop: its lateness shows as worker 0's
+            from gateway import metrics
+            from gateway.loop_lag import watch_loop_lag
+
+            def report(lag_s: float) -> None:
+                metrics.set_media_worker_timing("0", lag_s, 0.0)  # no channel: chunks go straight in
+
+            self._tasks.add(asyncio.create_task(watch_loop_lag(report, OWN_LOOP_REPORT_S)))
         logger.info(
             "ready: SIP %s on %s:%d, RTP %s:%d-%d, HTTP %s, Redis %s stream %s, model %s, event loop %s",
             "+".join(s.sip.transports).upper(), s.sip.host, self.frontend.sip_port, s.rtp.host,

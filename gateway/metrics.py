@@ -91,13 +91,15 @@ MEDIA_WORKERS = Gauge("ttg_media_workers", "Media worker processes running (0 in
 MEDIA_WORKER_LOOP_LAG = Gauge(
     "ttg_media_worker_loop_lag_seconds",
     "How late each media worker's event loop ran a timer, the most over its last report (about a second): "
-    "a long loop turn delays every packet and chunk of its calls",
+    "a long loop turn delays every packet and chunk of its calls (single-process mode: the gateway's own "
+    "loop, which carries the media path, as worker 0)",
     ["worker"],
 )
 MEDIA_WORKER_FLUSH_DELAY = Gauge(
     "ttg_media_worker_flush_delay_seconds",
     "The longest a chunk each media worker completed waited to be published to its engine's channel, over "
-    "its last report (about a second): the media worker's part of the engine's receive lag",
+    "its last report (about a second): the media worker's part of the engine's receive lag (0 in "
+    "single-process mode: no channel)",
     ["worker"],
 )
 ENGINE_STREAMS = Gauge(

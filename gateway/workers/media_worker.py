@@ -35,6 +35,7 @@ from asr_core.frontend import FrontEndFactory, FrontEndSpec, StreamFrontEnd
 from asr_core.heap import freeze_startup_heap
 from asr_core.remote import ChunkSender, ignore_stop_signals
 from gateway.logs import configure_logging
+from gateway.loop_lag import watch_loop_lag
 from gateway.rtp.media import MediaConfig
 from gateway.rtp.ports import PortsExhausted
 from gateway.rtp.receiver import CallMedia, MediaManager
@@ -43,9 +44,6 @@ from gateway.workers.protocol import CounterDeltas, line, plan_from_json, stats_
 logger = logging.getLogger(__name__)
 
 METRICS_PERIOD_S = 1.0
-# The event loop's lateness is read from a timer this often (what a turn that long does to a call's
-# packets and chunks shows in `ttg_media_worker_loop_lag_seconds`).
-LAG_PROBE_S = 0.05
 
 
 @dataclass(eq=False)
@@ -95,10 +93,9 @@ class MediaWorker:
         self._loop = asyncio.get_running_loop()
         self._deltas = CounterDeltas()
         # Since when the oldest chunk not yet published waits (None: none waits), and the report period's
-        # longest such wait and the loop's largest lateness (sent with the next periodic report).
+        # longest such wait (sent with the next periodic report).
         self._unflushed_since: float | None = None
         self.flush_delay_max = 0.0
-        self.loop_lag_max = 0.0
 
     # -- to the engine and to the main process ----------------------------------------------------
 
@@ -209,28 +206,19 @@ class MediaWorker:
             self._abort(name)
         self.sender.flush()
 
-    def send_metrics(self, streams: int | None = None, *, timing: bool = False) -> None:
+    def send_metrics(self, streams: int | None = None, *, loop_lag_s: float | None = None) -> None:
         """The counters' increments since the last report, and the RTP streams up (`streams` if given);
-        `timing`: with the period's loop lag and flush delay maxima, which start again from 0."""
+        the periodic report also the period's loop lag (`loop_lag_s`) and longest flush delay."""
         up = self.manager.streams if streams is None else streams
         msg: dict[str, Any] = {"op": "metrics", "counters": self._deltas.take(), "streams": up}
-        if timing:
-            msg["loop_lag_s"], msg["flush_delay_s"] = self.loop_lag_max, self.flush_delay_max
-            self.loop_lag_max = self.flush_delay_max = 0.0
+        if loop_lag_s is not None:
+            msg["loop_lag_s"], msg["flush_delay_s"] = loop_lag_s, self.flush_delay_max
+            self.flush_delay_max = 0.0
         self.send(msg)
 
     async def metrics_loop(self) -> None:
-        """A report every METRICS_PERIOD_S; between reports, how late the loop wakes a LAG_PROBE_S timer."""
-        loop = self._loop
-        report_at = loop.time() + METRICS_PERIOD_S
-        while True:
-            asleep = loop.time()
-            await asyncio.sleep(LAG_PROBE_S)
-            now = loop.time()
-            self.loop_lag_max = max(self.loop_lag_max, now - asleep - LAG_PROBE_S)
-            if now >= report_at:
-                report_at = now + METRICS_PERIOD_S
-                self.send_metrics(timing=True)
+        """A report every METRICS_PERIOD_S, with how late the loop ran meanwhile."""
+        await watch_loop_lag(lambda lag: self.send_metrics(loop_lag_s=lag), METRICS_PERIOD_S)
 
 
 async def _serve(args: argparse.Namespace) -> int:
