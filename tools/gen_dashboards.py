@@ -526,8 +526,9 @@ def asr_rows() -> list[Row]:
                     description="Per media worker, the most each second that its event loop ran a timer late "
                     "(a long turn delays its calls' packets and chunks) and that a chunk its front end "
                     "completed waited to be published to its engine: the worker's part of 'to the queue' "
-                    "above; the rest of that is the channel and the engine's receiving thread (single-process "
-                    "mode: the gateway's own loop, which carries the media path, as worker 0)",
+                    "above; the rest of that is the channel and the engine's receiving thread "
+                    "(single-process mode: the gateway's own loop, which carries the media path, as "
+                    "worker 0)",
                 ),
             ],
         ),
