@@ -437,9 +437,10 @@ def media_extremes(samples: list[dict[str, Any]]) -> dict[str, float]:
 
 def engine_extremes(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per engine process seen in the samples' series: its largest lag, when (seconds from the first
-    sample with series), its load, busy share and the lag's first two parts then (to the queue, in the
-    queue), and its largest load and busy share; where media workers report, their largest event-loop lag
-    and flush delay in that sample (what of the way to the queue was the media workers')."""
+    sample with series), its load, busy share and the lag's first parts then (to the queue, of that until
+    its process read the chunk, in the queue), and its largest load and busy share; where media workers
+    report, their largest event-loop lag and flush delay in that sample (what of the way to the queue was
+    the media workers')."""
     have = [s for s in samples if s.get("series")]
     out: dict[str, dict[str, float]] = {}
     for k in range(MAX_ENGINES):
@@ -455,13 +456,14 @@ def engine_extremes(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]
                 s["t"],
                 s["series"][lag_key],
                 *(s["series"].get(key, 0.0) for key in (load_key, busy_key, *parts)),
+                s["series"],
             )
             for s in have
             if lag_key in s["series"]
         ]
         if not rows:
             continue
-        t, lag, load, busy, receive, arrival, queue = max(rows, key=lambda r: r[1])
+        t, lag, load, busy, receive, arrival, queue, series = max(rows, key=lambda r: r[1])
         out[str(k)] = {
             "lag_max_s": round(lag, 3),
             "lag_max_at_s": round(t - have[0]["t"], 1),
@@ -473,7 +475,6 @@ def engine_extremes(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]
             "arrival_lag_at_lag_max_s": round(arrival, 3),
             "queue_wait_at_lag_max_s": round(queue, 3),
         }
-        series = next(s["series"] for s in have if s["t"] == t)
         if any(name.startswith("ttg_media_worker_") for name in series):
             peak = out[str(k)]
             peak["media_loop_lag_at_lag_max_s"] = round(_media_max(series, "loop_lag_seconds"), 3)
