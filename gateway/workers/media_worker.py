@@ -6,7 +6,8 @@
 Per leg it owns an RTP/RTCP port pair from its own share of the port range (`gateway.rtp.receiver`
 does the sockets, `MediaCore` the packets) and a `StreamFrontEnd`; the leg's 16 kHz blocks go through
 the front end and its chunks straight to the engine process (`ChunkSender`, flushed once per event-loop
-turn). DTMF and inactivity go to the main process as control messages (gateway.workers.protocol).
+turn, or within a long turn: PUBLISH_WITHIN_TURN_S). DTMF and inactivity go to the main process as
+control messages (gateway.workers.protocol).
 
 Order per leg, as in one process: `close` flushes the media's last audio into the front end and
 answers with the stats; `finish` then ends the ASR stream (the front end's last short chunk, FINISH).
@@ -44,6 +45,10 @@ from gateway.workers.protocol import CounterDeltas, line, plan_from_json, stats_
 logger = logging.getLogger(__name__)
 
 METRICS_PERIOD_S = 1.0
+# Chunks are published once per event-loop turn (one position on the channel's socket for all of them),
+# but a turn that serves hundreds of calls' datagrams can run for tens of milliseconds: once the oldest
+# unpublished chunk has waited this long, the next chunk completed in the same turn publishes them both.
+PUBLISH_WITHIN_TURN_S = 0.01
 
 
 @dataclass(eq=False)
@@ -100,19 +105,28 @@ class MediaWorker:
     # -- to the engine and to the main process ----------------------------------------------------
 
     def dirty(self, completed_at: float | None = None) -> None:
-        """Records were written: publish them once this event-loop turn is done. `completed_at`: the
-        monotonic time its front end completed the first chunk among them (chunks only)."""
-        if completed_at is not None and self._unflushed_since is None:
-            self._unflushed_since = completed_at
+        """Records were written: publish them once this event-loop turn is done, or at once when chunks
+        already wait PUBLISH_WITHIN_TURN_S. `completed_at`: the monotonic time its front end completed the
+        first chunk among them (chunks only)."""
+        if completed_at is not None:
+            if self._unflushed_since is None:
+                self._unflushed_since = completed_at
+            elif completed_at - self._unflushed_since >= PUBLISH_WITHIN_TURN_S:
+                self._publish()
+                return
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._publish()
+
+    def _publish(self) -> None:
         if not self.sender.flush():  # the ring is full: the engine is behind; try again shortly
-            self._flush_scheduled = True
-            self._loop.call_later(0.005, self._flush)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_later(0.005, self._flush)
             return
         if self._unflushed_since is not None:
             self.flush_delay_max = max(self.flush_delay_max, time.monotonic() - self._unflushed_since)

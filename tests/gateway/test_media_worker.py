@@ -1,7 +1,8 @@
 """A media worker's own timing reports: how late its event loop runs, and how long a chunk its front
 end completed waits before the engine's channel hears of it (`ttg_media_worker_loop_lag_seconds`,
-`ttg_media_worker_flush_delay_seconds`). A real worker object over a real channel, RTP ports and
-control socket, in this process so that a test can hold its loop up."""
+`ttg_media_worker_flush_delay_seconds`); and a long turn that publishes its chunks before it ends. A real
+worker object over a real channel, RTP ports and control socket, in this process so that a test can hold
+its loop up."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from asr_core.frontend import ChunkPayload, FrontEndFactory, FrontEndSpec
 from asr_core.remote import ChunkSender
 from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import MediaManager
-from gateway.workers.media_worker import MediaWorker
+from gateway.workers.media_worker import PUBLISH_WITHIN_TURN_S, MediaWorker
 from tools.ports import port_block
 
 
@@ -92,3 +93,21 @@ async def test_a_chunk_completed_early_in_a_long_turn_counts_its_wait_to_be_sent
     report = await harness.next_timing_report()
     assert report["flush_delay_s"] >= 0.2
     assert (await harness.next_timing_report())["flush_delay_s"] == 0.0  # nothing waited since
+
+
+async def test_a_long_turn_publishes_its_chunks_once_the_oldest_has_waited_long_enough(
+    harness: Harness,
+) -> None:
+    mel, energies = np.zeros((32, 128), np.float32), np.zeros(4, np.float32)
+
+    def complete(key: int) -> None:
+        payload = ChunkPayload(mel=mel, energies_db=energies, completed_at=time.monotonic())
+        harness.worker.sender.chunks(key, [payload], 1280 * 4)
+        harness.worker.dirty(payload.completed_at)
+
+    complete(7)
+    assert not list(harness.reader.poll())  # a chunk alone waits for the end of its turn
+    time.sleep(PUBLISH_WITHIN_TURN_S * 2)  # the same turn goes on serving other calls
+    complete(8)
+    assert len(list(harness.reader.poll())) == 2  # published within the turn, both at once
+    harness.reader.release()
