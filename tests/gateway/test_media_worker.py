@@ -31,6 +31,13 @@ class Harness:
         self.worker, self.control, self.reader = worker, control, reader
         self._buf = b""
 
+    def complete_chunk(self, key: int) -> None:
+        """What a leg's front end does when it completes a chunk: write it, mark the worker dirty."""
+        mel, energies = np.zeros((32, 128), np.float32), np.zeros(4, np.float32)
+        payload = ChunkPayload(mel=mel, energies_db=energies, completed_at=time.monotonic())
+        self.worker.sender.chunks(key, [payload], 1280 * 4)
+        self.worker.dirty(payload.completed_at)
+
     async def next_timing_report(self, timeout_s: float = 5.0) -> dict[str, float]:
         """The next periodic metrics report (the one that carries the loop lag and flush delay)."""
         loop = asyncio.get_running_loop()
@@ -83,10 +90,7 @@ async def test_a_loop_turn_held_up_shows_as_the_workers_loop_lag(harness: Harnes
 
 async def test_a_chunk_completed_early_in_a_long_turn_counts_its_wait_to_be_sent(harness: Harness) -> None:
     await harness.next_timing_report()
-    mel, energies = np.zeros((32, 128), np.float32), np.zeros(4, np.float32)
-    payload = ChunkPayload(mel=mel, energies_db=energies, completed_at=time.monotonic())
-    harness.worker.sender.chunks(7, [payload], 1280 * 4)
-    harness.worker.dirty(payload.completed_at)
+    harness.complete_chunk(7)
     time.sleep(0.2)  # the rest of the turn in which the front end completed it
     await asyncio.sleep(0.01)  # the turn ends: the chunk is published
     assert [kind for kind, _ in harness.reader.poll()]  # the engine's end sees it
@@ -98,16 +102,9 @@ async def test_a_chunk_completed_early_in_a_long_turn_counts_its_wait_to_be_sent
 async def test_a_long_turn_publishes_its_chunks_once_the_oldest_has_waited_long_enough(
     harness: Harness,
 ) -> None:
-    mel, energies = np.zeros((32, 128), np.float32), np.zeros(4, np.float32)
-
-    def complete(key: int) -> None:
-        payload = ChunkPayload(mel=mel, energies_db=energies, completed_at=time.monotonic())
-        harness.worker.sender.chunks(key, [payload], 1280 * 4)
-        harness.worker.dirty(payload.completed_at)
-
-    complete(7)
+    harness.complete_chunk(7)
     assert not list(harness.reader.poll())  # a chunk alone waits for the end of its turn
     time.sleep(PUBLISH_WITHIN_TURN_S * 2)  # the same turn goes on serving other calls
-    complete(8)
+    harness.complete_chunk(8)
     assert len(list(harness.reader.poll())) == 2  # published within the turn, both at once
     harness.reader.release()

@@ -388,8 +388,15 @@ ADMISSION_SERIES = (
 
 # Each engine's own lag, load, busy share and the lag's first two parts (which one fell behind, and why).
 MAX_ENGINES = 16
+
+
+def _engine_series(name: str, k: int) -> str:
+    """Engine process k's series `name` (ttg_engine_process_NAME{k}) as the samples key it."""
+    return f"ttg_engine_process_{name}{{{k}}}"
+
+
 ENGINE_SERIES = tuple(
-    f"ttg_engine_process_{name}{{{k}}}"
+    _engine_series(name, k)
     for name in (
         "lag_seconds",
         "load",
@@ -405,8 +412,15 @@ ENGINE_SERIES = tuple(
 # Each media worker's event-loop lag and the wait of its chunks to be published (the media worker's part of
 # an engine's receive lag): each a maximum over the worker's last report period.
 MAX_MEDIA_WORKERS = 64
+
+
+def _media_series(name: str, k: int) -> str:
+    """Media worker k's series `name` (ttg_media_worker_NAME{k}) as the samples key it."""
+    return f"ttg_media_worker_{name}{{{k}}}"
+
+
 MEDIA_SERIES = tuple(
-    f"ttg_media_worker_{name}{{{k}}}"
+    _media_series(name, k)
     for name in ("loop_lag_seconds", "flush_delay_seconds")
     for k in range(MAX_MEDIA_WORKERS)
 )
@@ -414,7 +428,7 @@ MEDIA_SERIES = tuple(
 
 def _media_max(series: dict[str, float], name: str) -> float:
     """The largest of the media workers' series `name` in one sample."""
-    return max(series.get(f"ttg_media_worker_{name}{{{k}}}", 0.0) for k in range(MAX_MEDIA_WORKERS))
+    return max(series.get(_media_series(name, k), 0.0) for k in range(MAX_MEDIA_WORKERS))
 
 
 def media_extremes(samples: list[dict[str, Any]]) -> dict[str, float]:
@@ -427,7 +441,7 @@ def media_extremes(samples: list[dict[str, Any]]) -> dict[str, float]:
             (s["series"][series], k)
             for s in have
             for k in range(MAX_MEDIA_WORKERS)
-            if (series := f"ttg_media_worker_{name}{{{k}}}") in s["series"]
+            if (series := _media_series(name, k)) in s["series"]
         ]
         if seen:
             value, worker = max(seen)
@@ -444,12 +458,10 @@ def engine_extremes(samples: list[dict[str, Any]]) -> dict[str, dict[str, float]
     have = [s for s in samples if s.get("series")]
     out: dict[str, dict[str, float]] = {}
     for k in range(MAX_ENGINES):
-        lag_key = f"ttg_engine_process_lag_seconds{{{k}}}"
-        load_key, busy_key = f"ttg_engine_process_load{{{k}}}", f"ttg_engine_process_busy{{{k}}}"
-        parts = (
-            f"ttg_engine_process_receive_lag_seconds{{{k}}}",
-            f"ttg_engine_process_arrival_lag_seconds{{{k}}}",
-            f"ttg_engine_process_queue_wait_seconds{{{k}}}",
+        lag_key, load_key, busy_key = (_engine_series(name, k) for name in ("lag_seconds", "load", "busy"))
+        parts = tuple(
+            _engine_series(name, k)
+            for name in ("receive_lag_seconds", "arrival_lag_seconds", "queue_wait_seconds")
         )
         rows = [
             (
