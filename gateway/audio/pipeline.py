@@ -55,6 +55,8 @@ class BlockOut(Protocol):
 
     def append(self, block: AudioBlock | PendingBlocks, /) -> None: ...
 
+    def __getitem__(self, index: int, /) -> object: ...
+
 
 class AudioPipeline:
     __slots__ = (
@@ -191,10 +193,14 @@ class AudioPipeline:
             if self._batch is None:
                 self._add_output(self._up.push(x))
             else:
-                # A second pass before the batch runs goes first, alone: blocks keep their order.
-                self.resample_alone()
+                # More audio before the batch has run (a loop turn long enough for a socket to hold more
+                # than a block's packets) joins the pass that waits: one pass, its blocks in its place.
+                # Only if an event came after that place does the waiting pass run first, alone, so that
+                # the new blocks come after the event as they would without a batch.
+                if self._pending is not None and out[-1] is not self._pending:
+                    self.resample_alone()
                 self._up.stage(x)
-                if self._up.due:
+                if self._pending is None and self._up.due:
                     self._pending = PendingBlocks()
                     out.append(self._pending)
                     self._batch.add(self)
