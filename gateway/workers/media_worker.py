@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 METRICS_PERIOD_S = 1.0
 # Chunks are published once per event-loop turn (one position on the channel's socket for all of them),
 # but a turn that serves hundreds of calls' datagrams can run for tens of milliseconds: once the oldest
-# unpublished chunk has waited this long, the next chunk completed in the same turn publishes them both.
+# unpublished chunk has waited this long, the next block any leg hands its front end publishes it.
 PUBLISH_WITHIN_TURN_S = 0.01
 
 
@@ -70,6 +70,8 @@ class _Leg:
         if payloads:
             self.worker.sender.chunks(self.key, payloads, self.front.samples)
             self.worker.dirty(payloads[0].completed_at)
+        else:
+            self.worker.publish_if_waited(time.monotonic())
 
     def on_dtmf(self, digit: str, start_ms: int, duration_ms: int) -> None:
         self.worker.send({"op": "dtmf", "leg": self.name, "digit": digit, "start_ms": start_ms,
@@ -111,12 +113,21 @@ class MediaWorker:
         if completed_at is not None:
             if self._unflushed_since is None:
                 self._unflushed_since = completed_at
-            elif completed_at - self._unflushed_since >= PUBLISH_WITHIN_TURN_S:
-                self._publish()
+            elif self.publish_if_waited(completed_at):
                 return
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
+
+    def publish_if_waited(self, now: float) -> bool:
+        """Publish the chunks that wait if the oldest has waited PUBLISH_WITHIN_TURN_S by `now` (monotonic);
+        a leg asks at every block its front end takes, so the last chunks of a long turn need not wait
+        for a later chunk or the turn's end. True once it tried (a full ring schedules its own retry)."""
+        since = self._unflushed_since
+        if since is None or now - since < PUBLISH_WITHIN_TURN_S:
+            return False
+        self._publish()
+        return True
 
     def _flush(self) -> None:
         self._flush_scheduled = False

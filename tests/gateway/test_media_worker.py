@@ -22,7 +22,7 @@ from asr_core.frontend import ChunkPayload, FrontEndFactory, FrontEndSpec
 from asr_core.remote import ChunkSender
 from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import MediaManager
-from gateway.workers.media_worker import PUBLISH_WITHIN_TURN_S, MediaWorker
+from gateway.workers.media_worker import PUBLISH_WITHIN_TURN_S, MediaWorker, _Leg
 from tools.ports import port_block
 
 
@@ -107,4 +107,21 @@ async def test_a_long_turn_publishes_its_chunks_once_the_oldest_has_waited_long_
     time.sleep(PUBLISH_WITHIN_TURN_S * 2)  # the same turn goes on serving other calls
     harness.complete_chunk(8)
     assert len(list(harness.reader.poll())) == 2  # published within the turn, both at once
+    harness.reader.release()
+
+
+async def test_a_block_that_completes_no_chunk_publishes_the_chunks_that_waited_long_enough(
+    harness: Harness,
+) -> None:
+    """The last chunk of a long turn need not wait for its end: every block a leg hands its front end
+    checks the oldest chunk's wait."""
+    worker = harness.worker
+    leg = _Leg(worker, "b", 9, worker.factory.stream(worker.factory.spec.default_lookahead))
+    block = np.zeros(1280, np.float32)  # 80 ms: far from completing the leg's first chunk
+    harness.complete_chunk(7)
+    leg.on_audio(block, 0)
+    assert not list(harness.reader.poll())  # not yet waited long enough: the turn's end publishes it
+    time.sleep(PUBLISH_WITHIN_TURN_S * 2)  # the same turn goes on serving other calls
+    leg.on_audio(block, 80)
+    assert len(list(harness.reader.poll())) == 1  # published within the turn
     harness.reader.release()
