@@ -169,35 +169,47 @@ def test_a_block_is_emitted_as_soon_as_its_end_plus_the_lookahead_has_arrived() 
     assert [b.start_ms for b in out] == [0]
 
 
-def _blocks(out: list[AudioBlock | PendingBlocks]) -> list[AudioBlock]:
-    blocks: list[AudioBlock] = []
-    for item in out:
-        blocks.extend(item.blocks if isinstance(item, PendingBlocks) else [item])
-    return blocks
+class _SoloAndBatched:
+    """The same codes through a pipeline that resamples at once and one that waits for a batch."""
+
+    def __init__(self, codec: str) -> None:
+        self.alone: list[AudioBlock] = []
+        self.solo = AudioPipeline(codec, block_ms=80)
+        self.batch = UpsampleBatch()
+        self.batched = AudioPipeline(codec, block_ms=80, batch=self.batch)
+        self.out: list[AudioBlock | PendingBlocks | str] = []  # str: another event of the call's owner
+
+    def append(self, codes: bytes) -> None:
+        self.solo.append_codes(codes, self.alone)
+        self.batched.append_codes(codes, self.out)
+
+    def finish(self) -> list[tuple[AudioBlock, AudioBlock]]:
+        """Both finished: each batched block beside the solo one, at the same start."""
+        self.solo.finish(self.alone)
+        self.batched.finish(self.out)
+        blocks: list[AudioBlock] = []
+        for item in self.out:
+            if isinstance(item, PendingBlocks):
+                blocks.extend(item.blocks)
+            elif isinstance(item, AudioBlock):
+                blocks.append(item)
+        assert [b.start_ms for b in blocks] == [b.start_ms for b in self.alone]
+        return list(zip(blocks, self.alone, strict=True))
 
 
 def test_a_batched_pipeline_leaves_a_place_for_its_blocks_and_fills_it_when_the_batch_runs() -> None:
     """With a batch, a block's place in the output is a `PendingBlocks`, filled when the batch runs with
     exactly the blocks the pipeline gives alone; `finish` runs a pass the batch has not run, alone."""
     codes = g711.encode((noise(6000, 4) * 20000).astype(np.int16), "PCMU")
-    alone: list[AudioBlock] = []
-    solo = AudioPipeline("PCMU", block_ms=80)
-    batch = UpsampleBatch()
-    batched = AudioPipeline("PCMU", block_ms=80, batch=batch)
-    out: list[AudioBlock | PendingBlocks] = []
+    two = _SoloAndBatched("PCMU")
     for i in range(0, len(codes), 160):
-        solo.append_codes(codes[i : i + 160], alone)
-        batched.append_codes(codes[i : i + 160], out)
-        if batched.pending:
-            assert isinstance(out[-1], PendingBlocks) and not out[-1].done
-            assert len(batch) == 1
-            batch.run()
-            assert out[-1].done and not batched.pending
-    solo.finish(alone)
-    batched.finish(out)
-    blocks = _blocks(out)
-    assert [b.start_ms for b in blocks] == [b.start_ms for b in alone]
-    assert all(np.array_equal(a.pcm, b.pcm) for a, b in zip(blocks, alone, strict=True))
+        two.append(codes[i : i + 160])
+        if two.batched.pending:
+            assert isinstance(two.out[-1], PendingBlocks) and not two.out[-1].done
+            assert len(two.batch) == 1
+            two.batch.run()
+            assert two.out[-1].done and not two.batched.pending
+    assert all(np.array_equal(a.pcm, b.pcm) for a, b in two.finish())
 
 
 def test_audio_that_comes_before_the_batch_has_run_joins_the_waiting_pass() -> None:
@@ -205,25 +217,16 @@ def test_audio_that_comes_before_the_batch_has_run_joins_the_waiting_pass() -> N
     audio joins the pass that waits (one place in the output, one pass when the batch runs), and the
     blocks are those the pipeline gives alone, to float rounding (one pass over what was two)."""
     codes = g711.encode((noise(6000, 5) * 20000).astype(np.int16), "PCMU")
-    alone: list[AudioBlock] = []
-    solo = AudioPipeline("PCMU", block_ms=80)
-    batch = UpsampleBatch()
-    batched = AudioPipeline("PCMU", block_ms=80, batch=batch)
-    out: list[AudioBlock | PendingBlocks] = []
+    two = _SoloAndBatched("PCMU")
     for i in range(0, len(codes), 160):
-        solo.append_codes(codes[i : i + 160], alone)
-        batched.append_codes(codes[i : i + 160], out)
+        two.append(codes[i : i + 160])
         if i % 1600 == 1440:  # the batch runs every 200 ms of audio: 2-3 blocks' passes between
-            batch.run()
-            assert not batched.pending
-    places = [item for item in out if isinstance(item, PendingBlocks)]
-    assert len(out) == len(places) == batch.passes + 1  # the last waits for `finish`
+            two.batch.run()
+            assert not two.batched.pending
+    places = [item for item in two.out if isinstance(item, PendingBlocks)]
+    assert len(two.out) == len(places) == two.batch.passes + 1  # the last waits for `finish`
     assert max(len(p.blocks) for p in places) >= 2
-    solo.finish(alone)
-    batched.finish(out)
-    blocks = _blocks(out)
-    assert [b.start_ms for b in blocks] == [b.start_ms for b in alone]
-    assert max(np.abs(a.pcm - b.pcm).max() for a, b in zip(blocks, alone, strict=True)) < 1e-6
+    assert max(np.abs(a.pcm - b.pcm).max() for a, b in two.finish()) < 1e-6
 
 
 def test_an_event_after_the_waiting_place_sends_the_next_audio_to_a_new_place_after_it() -> None:
@@ -231,23 +234,13 @@ def test_an_event_after_the_waiting_place_sends_the_next_audio_to_a_new_place_af
     blocks before it and those after: the waiting pass runs first, alone, and the new audio waits in a
     new place after the event, exactly as the pipeline gives it alone."""
     codes = g711.encode((noise(2400, 6) * 20000).astype(np.int16), "PCMA")
-    alone: list[AudioBlock] = []
-    solo = AudioPipeline("PCMA", block_ms=80)
-    batch = UpsampleBatch()
-    batched = AudioPipeline("PCMA", block_ms=80, batch=batch)
-    out: list[AudioBlock | PendingBlocks | str] = []
-    solo.append_codes(codes[:1200], alone)
-    batched.append_codes(codes[:1200], out)
-    first = out[-1]
+    two = _SoloAndBatched("PCMA")
+    two.append(codes[:1200])
+    first = two.out[-1]
     assert isinstance(first, PendingBlocks) and not first.done
-    out.append("event")
-    solo.append_codes(codes[1200:], alone)
-    batched.append_codes(codes[1200:], out)
+    two.out.append("event")
+    two.append(codes[1200:])
     assert first.done and first.blocks  # ran alone
-    assert out[1] == "event" and isinstance(out[2], PendingBlocks) and not out[2].done
-    batch.run()
-    solo.finish(alone)
-    batched.finish(out)
-    blocks = _blocks([item for item in out if not isinstance(item, str)])
-    assert [b.start_ms for b in blocks] == [b.start_ms for b in alone]
-    assert all(np.array_equal(a.pcm, b.pcm) for a, b in zip(blocks, alone, strict=True))
+    assert two.out[1] == "event" and isinstance(two.out[2], PendingBlocks) and not two.out[2].done
+    two.batch.run()
+    assert all(np.array_equal(a.pcm, b.pcm) for a, b in two.finish())
