@@ -35,12 +35,13 @@ from asr_core.channel import ChannelEnd, ChannelWriter
 from asr_core.frontend import FrontEndFactory, FrontEndSpec, StreamFrontEnd
 from asr_core.heap import freeze_startup_heap
 from asr_core.remote import ChunkSender, ignore_stop_signals
+from gateway import metrics
 from gateway.logs import configure_logging
 from gateway.loop_lag import watch_loop_lag
 from gateway.rtp.media import MediaConfig
 from gateway.rtp.ports import PortsExhausted
 from gateway.rtp.receiver import CallMedia, MediaManager
-from gateway.workers.protocol import CounterDeltas, line, plan_from_json, stats_to_json
+from gateway.workers.protocol import CounterDeltas, counters_by_name, line, plan_from_json, stats_to_json
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class MediaWorker:
         self.legs: dict[str, _Leg] = {}
         self._flush_scheduled = False
         self._loop = asyncio.get_running_loop()
-        self._deltas = CounterDeltas()
+        self._deltas = CounterDeltas(counters_by_name(metrics).values())
         # Since when the oldest chunk not yet published waits (None: none waits), and the report period's
         # longest such wait (sent with the next periodic report).
         self._unflushed_since: float | None = None
@@ -263,7 +264,7 @@ async def _serve(args: argparse.Namespace) -> int:
     worker = MediaWorker(args.index, sender, FrontEndFactory(spec), manager, writer)
     freeze_startup_heap()
     worker.send({"op": "ready", "index": args.index, "ports": [media["port_min"], media["port_max"]]})
-    metrics = asyncio.create_task(worker.metrics_loop())
+    reports = asyncio.create_task(worker.metrics_loop())
     try:
         while True:
             raw = await reader.readline()
@@ -277,7 +278,7 @@ async def _serve(args: argparse.Namespace) -> int:
             except Exception:
                 logger.exception("media worker %d: command %s failed", args.index, msg.get("op"))
     finally:
-        metrics.cancel()
+        reports.cancel()
         worker.abort_all()
         worker.send_metrics(streams=0)
         with contextlib.suppress(ConnectionError):

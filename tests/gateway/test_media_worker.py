@@ -12,6 +12,7 @@ import json
 import socket
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from asr_core.channel import ChannelReader, ChannelWriter, channel_pair
 from asr_core.features import slaney_mel_filters
 from asr_core.frontend import ChunkPayload, FrontEndFactory, FrontEndSpec
 from asr_core.remote import ChunkSender
+from gateway import metrics
 from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import MediaManager
 from gateway.workers.media_worker import PUBLISH_WITHIN_TURN_S, MediaWorker, _Leg
@@ -38,20 +40,24 @@ class Harness:
         self.worker.sender.chunks(key, [payload], 1280 * 4)
         self.worker.dirty(payload.completed_at)
 
-    async def next_timing_report(self, timeout_s: float = 5.0) -> dict[str, float]:
-        """The next periodic metrics report (the one that carries the loop lag and flush delay)."""
+    async def next_report(self, *, timed: bool, timeout_s: float = 5.0) -> dict[str, Any]:
+        """The next metrics report; `timed`: the periodic one (it carries the loop lag and flush delay),
+        else the next of any kind."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
             while b"\n" in self._buf:
                 raw, self._buf = self._buf.split(b"\n", 1)
                 msg = json.loads(raw)
-                if msg.get("op") == "metrics" and "loop_lag_s" in msg:
+                if msg.get("op") == "metrics" and ("loop_lag_s" in msg or not timed):
                     return msg
             await asyncio.sleep(0.02)
             with contextlib.suppress(BlockingIOError):
                 self._buf += self.control.recv(65536)
-        raise AssertionError("no timing report")
+        raise AssertionError("no metrics report")
+
+    async def next_timing_report(self) -> dict[str, Any]:
+        return await self.next_report(timed=True)
 
 
 @pytest.fixture
@@ -125,3 +131,21 @@ async def test_a_block_that_completes_no_chunk_publishes_the_chunks_that_waited_
     leg.on_audio(block, 80)
     assert len(list(harness.reader.poll())) == 1  # published within the turn
     harness.reader.release()
+
+
+async def test_a_report_carries_what_each_counter_gained_since_the_last_and_only_counters(
+    harness: Harness,
+) -> None:
+    harness.worker.send_metrics()  # what the counters held before this spec
+    await harness.next_report(timed=False)
+    metrics.RTP_LOST.inc(2)
+    metrics.RTP_RECEIVED.labels(codec="PCMA").inc(5)
+    metrics.RTP_JITTER.observe(5.0)  # a histogram: the main process derives its own from the legs' stats
+    harness.worker.send_metrics()
+    report = await harness.next_report(timed=False)
+    assert sorted(report["counters"]) == [
+        ["ttg_rtp_packets_lost", {}, 2.0],
+        ["ttg_rtp_packets_received", {"codec": "PCMA"}, 5.0],
+    ]
+    harness.worker.send_metrics()
+    assert (await harness.next_report(timed=False))["counters"] == []  # each gain travels once
