@@ -150,6 +150,25 @@ class MediaWorker:
 
     # -- commands --------------------------------------------------------------------------------
 
+    async def serve(self, reader: asyncio.StreamReader) -> None:
+        """The main process's commands, until "stop" or until its socket closes (it is gone).
+
+        Each command takes a loop turn of its own: a read that brings many (a wave of hang-ups, each
+        leg's close and finish) would otherwise serve them all in one turn, since a line already read
+        returns without yielding, while the other calls' datagrams and chunks wait for the turn's end."""
+        while True:
+            raw = await reader.readline()
+            if not raw:
+                return
+            msg = json.loads(raw)
+            if msg.get("op") == "stop":
+                return
+            try:
+                await self.handle(msg)
+            except Exception:
+                logger.exception("media worker %d: command %s failed", self.index, msg.get("op"))
+            await asyncio.sleep(0)
+
     async def handle(self, msg: dict[str, Any]) -> None:
         op = msg.get("op")
         name = str(msg.get("leg", ""))
@@ -266,17 +285,7 @@ async def _serve(args: argparse.Namespace) -> int:
     worker.send({"op": "ready", "index": args.index, "ports": [media["port_min"], media["port_max"]]})
     reports = asyncio.create_task(worker.metrics_loop())
     try:
-        while True:
-            raw = await reader.readline()
-            if not raw:
-                break  # the main process is gone
-            msg = json.loads(raw)
-            if msg.get("op") == "stop":
-                break
-            try:
-                await worker.handle(msg)
-            except Exception:
-                logger.exception("media worker %d: command %s failed", args.index, msg.get("op"))
+        await worker.serve(reader)
     finally:
         reports.cancel()
         worker.abort_all()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import socket
 import time
@@ -25,6 +26,7 @@ from gateway import metrics
 from gateway.rtp.media import MediaConfig
 from gateway.rtp.receiver import MediaManager
 from gateway.workers.media_worker import PUBLISH_WITHIN_TURN_S, MediaWorker, _Leg
+from gateway.workers.protocol import line
 from tools.ports import port_block
 
 
@@ -55,6 +57,13 @@ class Harness:
             with contextlib.suppress(BlockingIOError):
                 self._buf += self.control.recv(65536)
         raise AssertionError("no metrics report")
+
+    def replies_so_far(self, op: str) -> int:
+        """How many messages of `op` the worker has sent so far (read without waiting)."""
+        with contextlib.suppress(BlockingIOError):
+            self._buf += self.control.recv(65536)
+        complete = self._buf[: self._buf.rfind(b"\n") + 1]
+        return sum(json.loads(raw).get("op") == op for raw in complete.split(b"\n") if raw)
 
     async def next_timing_report(self) -> dict[str, Any]:
         return await self.next_report(timed=True)
@@ -149,3 +158,27 @@ async def test_a_report_carries_what_each_counter_gained_since_the_last_and_only
     ]
     harness.worker.send_metrics()
     assert (await harness.next_report(timed=False))["counters"] == []  # each gain travels once
+
+
+async def test_commands_that_arrive_together_are_served_one_a_loop_turn(harness: Harness) -> None:
+    """A wave of hang-ups brings a worker many legs' close and finish in one read: the other calls'
+    datagrams and chunks get the loop between two commands, not only after the last."""
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_unix_connection(sock=theirs)
+    ours.sendall(b"".join(line({"op": "close", "leg": f"gone{i}"}) for i in range(20)) + line({"op": "stop"}))
+    replies: list[int] = []  # the worker's "closed" answers so far, at each loop turn
+    loop = asyncio.get_running_loop()
+
+    def probe() -> None:
+        replies.append(harness.replies_so_far("closed"))
+        if not served.done():
+            loop.call_soon(probe)
+
+    served = asyncio.create_task(harness.worker.serve(reader))
+    loop.call_soon(probe)
+    await served
+    probe()
+    writer.close()
+    ours.close()
+    assert replies[-1] == 20
+    assert max(b - a for a, b in itertools.pairwise(replies)) == 1
