@@ -50,6 +50,8 @@ METRICS_PERIOD_S = 1.0
 # but a turn that serves hundreds of calls' datagrams can run for tens of milliseconds: once the oldest
 # unpublished chunk has waited this long, the next block any leg hands its front end publishes it.
 PUBLISH_WITHIN_TURN_S = 0.01
+# The most a loop turn spends on the main process's commands before the calls' media gets the loop.
+COMMANDS_TURN_S = 0.01
 
 
 @dataclass(eq=False)
@@ -153,9 +155,10 @@ class MediaWorker:
     async def serve(self, reader: asyncio.StreamReader) -> None:
         """The main process's commands, until "stop" or until its socket closes (it is gone).
 
-        Each command takes a loop turn of its own: a read that brings many (a wave of hang-ups, each
-        leg's close and finish) would otherwise serve them all in one turn, since a line already read
-        returns without yielding, while the other calls' datagrams and chunks wait for the turn's end."""
+        A line already read returns without yielding, so a read that brings many commands (a wave of
+        hang-ups: each leg's close and finish) would serve them all in one loop turn while the other
+        calls' datagrams and chunks wait; after COMMANDS_TURN_S of commands the loop gets a turn."""
+        spent = 0.0
         while True:
             raw = await reader.readline()
             if not raw:
@@ -163,11 +166,15 @@ class MediaWorker:
             msg = json.loads(raw)
             if msg.get("op") == "stop":
                 return
+            start = time.monotonic()
             try:
                 await self.handle(msg)
             except Exception:
                 logger.exception("media worker %d: command %s failed", self.index, msg.get("op"))
-            await asyncio.sleep(0)
+            spent += time.monotonic() - start
+            if spent >= COMMANDS_TURN_S:
+                spent = 0.0
+                await asyncio.sleep(0)
 
     async def handle(self, msg: dict[str, Any]) -> None:
         op = msg.get("op")
