@@ -44,15 +44,15 @@ class Harness:
         self.worker.dirty(payload.completed_at)
 
     async def next_report(self, *, timed: bool, timeout_s: float = 5.0) -> dict[str, Any]:
-        """The next metrics report; `timed`: the periodic one (it carries the loop lag and flush delay),
-        else the next of any kind."""
+        """The next metrics report of a kind: `timed`, the periodic one (it carries the loop lag and flush
+        delay), else one the worker sent at once (as at a leg's close)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
             while b"\n" in self._buf:
                 raw, self._buf = self._buf.split(b"\n", 1)
                 msg = json.loads(raw)
-                if msg.get("op") == "metrics" and ("loop_lag_s" in msg or not timed):
+                if msg.get("op") == "metrics" and ("loop_lag_s" in msg) == timed:
                     return msg
             await asyncio.sleep(0.02)
             with contextlib.suppress(BlockingIOError):
