@@ -43,6 +43,11 @@ class Harness:
         self.worker.sender.chunks(key, [payload], 1280 * 4)
         self.worker.dirty(payload.completed_at)
 
+    def _receive(self) -> None:
+        """What the worker has written to the control socket so far, onto the buffer (without waiting)."""
+        with contextlib.suppress(BlockingIOError):
+            self._buf += self.control.recv(65536)
+
     async def next_report(self, *, timed: bool, timeout_s: float = 5.0) -> dict[str, Any]:
         """The next metrics report of a kind: `timed`, the periodic one (it carries the loop lag and flush
         delay), else one the worker sent at once (as at a leg's close)."""
@@ -55,14 +60,12 @@ class Harness:
                 if msg.get("op") == "metrics" and ("loop_lag_s" in msg) == timed:
                     return msg
             await asyncio.sleep(0.02)
-            with contextlib.suppress(BlockingIOError):
-                self._buf += self.control.recv(65536)
+            self._receive()
         raise AssertionError("no metrics report")
 
     def replies_so_far(self, op: str) -> int:
         """How many messages of `op` the worker has sent so far (read without waiting)."""
-        with contextlib.suppress(BlockingIOError):
-            self._buf += self.control.recv(65536)
+        self._receive()
         complete = self._buf[: self._buf.rfind(b"\n") + 1]
         return sum(json.loads(raw).get("op") == op for raw in complete.split(b"\n") if raw)
 
