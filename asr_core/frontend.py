@@ -260,14 +260,13 @@ class FrontEndSpec:
 
 
 class FrontEndFactory:
-    """Front ends of one model from its spec (the filterbank read once)."""
+    """Front ends of one model from its spec (the filterbank read once; its log-mel math shared)."""
 
     def __init__(self, spec: FrontEndSpec) -> None:
-        from asr_core.features import FeatureConfig
+        from asr_core.features import FeatureConfig, MelFrames
 
         self.spec = spec
-        self._filters = spec.mel_filters
-        self._features = FeatureConfig.from_dict(spec.features)
+        self._mel_frames = MelFrames(spec.mel_filters, FeatureConfig.from_dict(spec.features))
 
     def new(self, lookahead: int) -> FrontEnd:
         from asr_core.chunker import MelChunker
@@ -278,7 +277,7 @@ class FrontEndFactory:
                 f"lookahead {lookahead} not supported; the model has {list(self.spec.lookaheads)}"
             )
         return FeaturesAndChunker(
-            StreamingLogMel(self._filters, self._features),
+            StreamingLogMel(self._mel_frames),
             MelChunker(lookahead, self.spec.subsampling_factor),
             flush_extra_chunks(lookahead, self.spec.lookaheads),
         )

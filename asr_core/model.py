@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from asr_core.features import MelFrames
 from asr_core.frontend import FeaturesAndChunker, FrontEnd, FrontEndSpec, flush_extra_chunks
 from asr_core.transcript import TextDecoder, Token
 
@@ -180,6 +181,7 @@ class AsrModel:
         self._lookaheads = tuple(int(r) for r in cfg.encoder.supported_lookaheads)
         self._default_lookahead = int(cfg.encoder.default_lookahead)
         self._text = _TextAdapter(tokenizer)
+        self._mel_frames = MelFrames(bundle.mel_filters, cfg.features)  # every stream's log-mel math
 
     @classmethod
     def load(cls, model_dir: str | Path, precision: str = "auto", device_share: float = 1.0) -> AsrModel:
@@ -266,7 +268,7 @@ class AsrModel:
 
         cfg = self.bundle.config
         return FeaturesAndChunker(
-            StreamingLogMel(self.bundle.mel_filters, cfg.features),
+            StreamingLogMel(self._mel_frames),
             MelChunker(lookahead, cfg.encoder.subsampling_factor),
             flush_extra_chunks(lookahead, self._lookaheads),
         )

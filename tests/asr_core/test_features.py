@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asr_core.features import FeatureConfig, StreamingLogMel, log_mel
+from asr_core.features import FeatureConfig, MelFrames, StreamingLogMel, log_mel
 from tests.fixtures import peers
 from tools.bundle.filters import slaney_mel_filters
 from tools.bundle.probe import probe_audio
@@ -66,16 +66,31 @@ def test_frames_match_the_reference_feature_extractor() -> None:
 def test_any_push_pattern_gives_bit_identical_frames(n_samples: int, cuts: list[int]) -> None:
     x = _noise(n_samples, seed=n_samples)
     whole = log_mel(x, FILTERS)
-    stream = StreamingLogMel(FILTERS)
+    stream = StreamingLogMel(MelFrames(FILTERS))
     bounds = sorted({0, n_samples, *(c for c in cuts if c <= n_samples)})
     parts = [stream.push(x[a:b]) for a, b in itertools.pairwise(bounds)]
     parts.append(stream.finish())
     np.testing.assert_array_equal(np.concatenate(parts), whole)
 
 
+def test_streams_that_share_one_mel_math_each_get_their_own_audio_s_frames() -> None:
+    """A model builds its `MelFrames` once and every stream's log-mel uses it, interleaved."""
+    shared = MelFrames(FILTERS)
+    audio = [_noise(5000 + 37 * i, seed=i) for i in range(3)]
+    streams = [StreamingLogMel(shared) for _ in audio]
+    parts: list[list[np.ndarray]] = [[] for _ in audio]
+    for a, b in itertools.pairwise(range(0, 5200, 640)):
+        for i, (stream, x) in enumerate(zip(streams, audio, strict=True)):
+            parts[i].append(stream.push(x[a:b]))
+    for i, (stream, x) in enumerate(zip(streams, audio, strict=True)):
+        parts[i].append(stream.finish())
+        np.testing.assert_array_equal(np.concatenate(parts[i]), log_mel(x, FILTERS))
+    assert not shared.filters_t.flags.writeable and not shared.window.flags.writeable
+
+
 def test_a_frame_is_released_as_soon_as_its_window_is_complete() -> None:
     """Frame t spans samples 160t-200 ... 160t+199, so it is final once sample 160t+199 is in."""
-    stream = StreamingLogMel(FILTERS)
+    stream = StreamingLogMel(MelFrames(FILTERS))
     x = _noise(4040)
     assert stream.push(x[:199]).shape[0] == 0
     assert stream.push(x[199:200]).shape[0] == 1
@@ -85,7 +100,7 @@ def test_a_frame_is_released_as_soon_as_its_window_is_complete() -> None:
 
 
 def test_finish_emits_the_last_frame_over_zero_padding() -> None:
-    stream = StreamingLogMel(FILTERS)
+    stream = StreamingLogMel(MelFrames(FILTERS))
     x = _noise(330)  # floor(330/160) = 2 frames; frame 1 needs samples up to 359
     assert stream.push(x).shape[0] == 1
     last = stream.finish()
@@ -110,4 +125,4 @@ def test_config_from_the_bundle_features_block_and_filter_shape_check() -> None:
     )
     assert cfg == FeatureConfig()
     with pytest.raises(ValueError, match="mel filters"):
-        StreamingLogMel(FILTERS.T.copy())
+        MelFrames(FILTERS.T.copy())

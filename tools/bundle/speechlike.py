@@ -251,7 +251,7 @@ def encoder_outputs(
     from asr_core.chunker import MelChunker
     from asr_core.encoder import ChunkInput, StreamingEncoder
     from asr_core.encoder.streaming import PRECISIONS
-    from asr_core.features import FeatureConfig, StreamingLogMel
+    from asr_core.features import FeatureConfig, MelFrames, StreamingLogMel
     from tools.bundle.filters import slaney_mel_filters
 
     d = spec.hidden_size
@@ -264,10 +264,10 @@ def encoder_outputs(
     filters = slaney_mel_filters(
         FEATURES["sampling_rate"], FEATURES["n_fft"], spec.n_mels, 0.0, FEATURES["fmax"]
     )
-    features = FeatureConfig.from_dict(dict(FEATURES, n_mels=spec.n_mels))
+    mel_frames = MelFrames(filters, FeatureConfig.from_dict(dict(FEATURES, n_mels=spec.n_mels)))
     chunks: list[list[tuple[F32, bool]]] = []
     for s in streams:
-        mel = StreamingLogMel(filters, features)
+        mel = StreamingLogMel(mel_frames)
         chunker = MelChunker(LOOKAHEAD, spec.subsampling_factor)
         todo = [(c, False) for c in chunker.push(mel.push(s.pcm))]
         todo += [(c, False) for c in chunker.push(mel.finish())]
