@@ -117,7 +117,7 @@ class MelFrames:
     """Frames (n, win_length) of preemphasized samples -> (n, n_mels) log-mel, in float64.
 
     Holds only read-only arrays (the window, the filterbank as float64), so one serves every stream
-    of a model: the calls of a process share one filterbank (263 KB at 257 x 128) that stays in the
+    of a model: the calls of a process share one filterbank (263 kB at 257 x 128) that stays in the
     core's cache, instead of a copy each to build, hold and take turns evicting.
     """
 
