@@ -15,8 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from asr_core.features import MelFrames
-from asr_core.frontend import FeaturesAndChunker, FrontEnd, FrontEndSpec, flush_extra_chunks
+from asr_core.frontend import FrontEnd, FrontEndFactory, FrontEndSpec
 from asr_core.transcript import TextDecoder, Token
 
 logger = logging.getLogger(__name__)
@@ -181,7 +180,7 @@ class AsrModel:
         self._lookaheads = tuple(int(r) for r in cfg.encoder.supported_lookaheads)
         self._default_lookahead = int(cfg.encoder.default_lookahead)
         self._text = _TextAdapter(tokenizer)
-        self._mel_frames = MelFrames(bundle.mel_filters, cfg.features)  # every stream's log-mel math
+        self._frontends = FrontEndFactory(self.frontend_spec())  # one log-mel math for every stream
 
     @classmethod
     def load(cls, model_dir: str | Path, precision: str = "auto", device_share: float = 1.0) -> AsrModel:
@@ -263,15 +262,7 @@ class AsrModel:
         return int(self.bundle.config.prompt_id(language or "auto"))
 
     def new_frontend(self, lookahead: int) -> FrontEnd:
-        from asr_core.chunker import MelChunker
-        from asr_core.features import StreamingLogMel
-
-        cfg = self.bundle.config
-        return FeaturesAndChunker(
-            StreamingLogMel(self._mel_frames),
-            MelChunker(lookahead, cfg.encoder.subsampling_factor),
-            flush_extra_chunks(lookahead, self._lookaheads),
-        )
+        return self._frontends.new(lookahead)
 
     def frontend_spec(self, vad: Any = None) -> FrontEndSpec:
         """How other processes build this model's front ends; `vad` (a VadConfig) makes them flush at
