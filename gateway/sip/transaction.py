@@ -99,12 +99,35 @@ def server_key(request: SipRequest, method: str | None = None) -> tuple[str, ...
     return ("2543", request.uri, request.from_.tag or "", request.call_id, str(request.cseq.seq), str(top), m)
 
 
+class _Transaction:
+    """What the three state machines share: the request, the transport's reliability, the timers, and
+    the one way the state changes (`_go`: a `TRANSITIONS` entry, or `TransactionStateError`)."""
+
+    KIND: ClassVar[str]  # how errors name the machine
+    INITIAL: ClassVar[TxState]
+    TRANSITIONS: ClassVar[dict[TxState, dict[str, TxState]]]
+
+    def __init__(self, request: SipRequest, *, reliable: bool, timers: TimerConfig) -> None:
+        self.request = request
+        self.reliable = reliable
+        self.timers = timers
+        self.state = self.INITIAL
+
+    def _go(self, event: str) -> None:
+        nxt = self.TRANSITIONS[self.state].get(event)
+        if nxt is None:
+            raise TransactionStateError(f"{self.KIND}: {event} not allowed in {self.state.value}")
+        self.state = nxt
+
+
 # --- server transactions ----------------------------------------------------------------------------
 
 
-class InviteServerTransaction:
+class InviteServerTransaction(_Transaction):
     """RFC 3261 §17.2.1 with RFC 6026's Accepted state. See the module docstring."""
 
+    KIND = "INVITE server transaction"
+    INITIAL = TxState.PROCEEDING
     TRANSITIONS: ClassVar[dict[TxState, dict[str, TxState]]] = {
         TxState.PROCEEDING: {"1xx": TxState.PROCEEDING, "2xx": TxState.ACCEPTED, "final": TxState.COMPLETED},
         TxState.ACCEPTED: {"2xx": TxState.ACCEPTED, "timer_L": TxState.TERMINATED},
@@ -114,10 +137,7 @@ class InviteServerTransaction:
     }
 
     def __init__(self, request: SipRequest, *, reliable: bool, timers: TimerConfig, now: float) -> None:
-        self.request = request
-        self.reliable = reliable
-        self.timers = timers
-        self.state = TxState.PROCEEDING
+        super().__init__(request, reliable=reliable, timers=timers)
         self.last_response: SipResponse | None = None
         self._last_bytes: bytes | None = None
         self._deadline: float | None = None  # G (retransmit), H/I/L (state timers): see _timer_name
@@ -128,14 +148,6 @@ class InviteServerTransaction:
     @property
     def final_sent(self) -> bool:
         return self.state is not TxState.PROCEEDING
-
-    def _go(self, event: str) -> None:
-        nxt = self.TRANSITIONS[self.state].get(event)
-        if nxt is None:
-            raise TransactionStateError(
-                f"INVITE server transaction: {event} not allowed in {self.state.value}"
-            )
-        self.state = nxt
 
     def respond(self, response: SipResponse, now: float) -> list[TxEffect]:
         self._go(_klass(response.status))
@@ -202,9 +214,11 @@ class InviteServerTransaction:
         self._timer_name, self._deadline = None, None
 
 
-class NonInviteServerTransaction:
+class NonInviteServerTransaction(_Transaction):
     """RFC 3261 §17.2.2."""
 
+    KIND = "non-INVITE server transaction"
+    INITIAL = TxState.TRYING
     TRANSITIONS: ClassVar[dict[TxState, dict[str, TxState]]] = {
         TxState.TRYING: {"1xx": TxState.PROCEEDING, "2xx": TxState.COMPLETED, "final": TxState.COMPLETED},
         TxState.PROCEEDING: {"1xx": TxState.PROCEEDING, "2xx": TxState.COMPLETED, "final": TxState.COMPLETED},
@@ -213,10 +227,7 @@ class NonInviteServerTransaction:
     }
 
     def __init__(self, request: SipRequest, *, reliable: bool, timers: TimerConfig, now: float) -> None:
-        self.request = request
-        self.reliable = reliable
-        self.timers = timers
-        self.state = TxState.TRYING
+        super().__init__(request, reliable=reliable, timers=timers)
         self.last_response: SipResponse | None = None
         self._last_bytes: bytes | None = None
         self._deadline: float | None = None
@@ -224,14 +235,6 @@ class NonInviteServerTransaction:
     @property
     def final_sent(self) -> bool:
         return self.state in (TxState.COMPLETED, TxState.TERMINATED)
-
-    def _go(self, event: str) -> None:
-        nxt = self.TRANSITIONS[self.state].get(event)
-        if nxt is None:
-            raise TransactionStateError(
-                f"non-INVITE server transaction: {event} not allowed in {self.state.value}"
-            )
-        self.state = nxt
 
     def respond(self, response: SipResponse, now: float) -> list[TxEffect]:
         self._go(_klass(response.status))
@@ -291,9 +294,11 @@ class AnswerRetransmission:
 # --- client transaction -----------------------------------------------------------------------------
 
 
-class NonInviteClientTransaction:
+class NonInviteClientTransaction(_Transaction):
     """RFC 3261 §17.1.2: the gateway's BYE. `start(now)` returns the first transmission."""
 
+    KIND = "non-INVITE client transaction"
+    INITIAL = TxState.TRYING
     TRANSITIONS: ClassVar[dict[TxState, dict[str, TxState]]] = {
         TxState.TRYING: {
             "1xx": TxState.PROCEEDING,
@@ -312,10 +317,7 @@ class NonInviteClientTransaction:
     }
 
     def __init__(self, request: SipRequest, *, reliable: bool, timers: TimerConfig, now: float) -> None:
-        self.request = request
-        self.reliable = reliable
-        self.timers = timers
-        self.state = TxState.TRYING
+        super().__init__(request, reliable=reliable, timers=timers)
         self.response: SipResponse | None = None
         self._data = serialize(request)
         self._e_interval = timers.t1
@@ -329,14 +331,6 @@ class NonInviteClientTransaction:
 
     def start(self) -> list[TxEffect]:
         return [Transmit(self._data)]
-
-    def _go(self, event: str) -> None:
-        nxt = self.TRANSITIONS[self.state].get(event)
-        if nxt is None:
-            raise TransactionStateError(
-                f"non-INVITE client transaction: {event} not allowed in {self.state.value}"
-            )
-        self.state = nxt
 
     def receive_response(self, response: SipResponse, now: float) -> list[TxEffect]:
         if self.state not in (TxState.TRYING, TxState.PROCEEDING):

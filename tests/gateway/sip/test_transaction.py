@@ -112,7 +112,8 @@ def test_invite_transaction_illegal_transitions_raise_and_leave_state(state_setu
     tx = InviteServerTransaction(r, reliable=False, timers=T, now=0.0)
     tx.respond(resp(r, state_setup), 0.0)
     before = tx.state
-    with pytest.raises(TransactionStateError):
+    refused = rf"^INVITE server transaction: \w+ not allowed in {before.value}$"
+    with pytest.raises(TransactionStateError, match=refused):
         tx.respond(resp(r, status), 0.1)
     assert tx.state is before
 
@@ -128,7 +129,8 @@ def test_non_invite_server_answers_retransmissions_with_the_final_then_timer_j()
     assert tx.next_deadline() == pytest.approx(0.2 + 32.0)
     tx.handle_timer(40.0)
     assert tx.state is TxState.TERMINATED
-    with pytest.raises(TransactionStateError):
+    refused = r"^non-INVITE server transaction: 2xx not allowed in terminated$"
+    with pytest.raises(TransactionStateError, match=refused):
         tx.respond(resp(r, 200), 41.0)
     assert tx.state is TxState.TERMINATED
 
