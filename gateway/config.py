@@ -70,7 +70,9 @@ class AsrSettings(BaseModel):
 
 
 class EncoderSettings(BaseModel):
-    max_batch: int = Field(64, ge=1, description="Most chunks (calls) in one encoder step")
+    max_batch: int = Field(
+        0, ge=0, description="Most chunks (calls) in one encoder step; 0 = auto: 512 on a CUDA GPU, else 64"
+    )
     max_wait_ms: float = Field(100.0, ge=0, description="Longest a ready chunk waits for a fuller batch")
     wait_policy: Literal["adaptive", "fixed"] = Field(
         "adaptive",
@@ -89,10 +91,10 @@ class EncoderSettings(BaseModel):
 
 class DecoderSettings(BaseModel):
     workers: int = Field(2, ge=1, description="RNN-T decoder worker threads (one ORT session each)")
-    mode: Literal["workers", "batched", "device"] = Field(
-        "batched",
+    mode: Literal["auto", "workers", "batched", "device"] = Field(
+        "auto",
         description="batched: a worker decodes its due calls in one pass; workers: one by one; "
-        "device: on the accelerator, after each encoder step",
+        "device: on the accelerator, after each encoder step; auto: device on a CUDA GPU, else batched",
     )
     max_undecoded_chunks: int = Field(
         2, ge=1, description="Chunks of a call encoded but not yet decoded before its encoding waits"
@@ -346,11 +348,12 @@ class DaemonSettings(BaseModel):
         "own); 0 = all in one process; -1 = auto",
     )
     engines: int = Field(
-        1,
-        ge=1,
+        0,
+        ge=0,
         description="ASR engine processes, with media workers (at most one per worker): each batches an "
         "equal share of the calls on the same accelerator; more than one where one process's "
-        "kernel launches are the limit (a GPU: docs/benchmarks.md)",
+        "kernel launches are the limit (a GPU: docs/benchmarks.md); 0 = auto: on a CUDA GPU 4 "
+        "(one per 16 GiB of a smaller card), else 1",
     )
     engine_switch_interval_ms: float = Field(
         5.0,  # Python's own; shorter ones did not make the gateway faster (docs/benchmarks.md)

@@ -53,6 +53,7 @@ from gateway.logs import configure_logging
 from gateway.rtp.ports import rtp_pair_ports
 
 if TYPE_CHECKING:
+    from asr_core.accelerator import Accelerator
     from asr_core.config import EngineConfig
     from gateway.cuda_mps import MpsServer
     from gateway.sip.admission import ConcurrencyLimit
@@ -406,12 +407,16 @@ class CallLogPublisher:
 EngineFactory = Callable[[Any, Callable[[BaseException], None]], Any]
 
 
-def engine_config(s: Settings, share: float = 1.0) -> EngineConfig:
+def engine_config(s: Settings, share: float = 1.0, *, on: Accelerator) -> EngineConfig:
     """The engine's dataclasses from the typed settings: built field by field, so a renamed setting
     is a type error here instead of a silent fall-back to a default. `share`: the part of the call
-    limit this engine serves (one engine's part of the legs), the streams its pools are sized for."""
+    limit this engine serves (one engine's part of the legs), the streams its pools are sized for.
+    `on`: the accelerator the engine runs on, which the "auto" settings follow (`profile`)."""
+    from asr_core.accelerator import profile
     from asr_core.config import DecoderConfig, EndpointConfig, EngineConfig, SchedulerConfig
     from asr_core.vad import VadConfig
+
+    auto = profile(on)
 
     # The VAD's energy gate is the assembler's quiet-audio threshold; 0 dBFS there (judge by tokens
     # only) says nothing about the line's floor, so the gate keeps the VAD's own default.
@@ -420,14 +425,16 @@ def engine_config(s: Settings, share: float = 1.0) -> EngineConfig:
         cpu_threads=s.encoder.cpu_threads,
         streams=math.ceil(s.sip.max_calls * share),
         scheduler=SchedulerConfig(
-            max_batch=s.encoder.max_batch,
+            max_batch=s.encoder.max_batch or auto.max_batch,
             max_wait_ms=s.encoder.max_wait_ms,
             wait_policy=s.encoder.wait_policy,
             max_queued_chunks=s.encoder.max_queued_chunks,
             max_undecoded_chunks=s.decoder.max_undecoded_chunks,
         ),
         decoder=DecoderConfig(
-            mode=s.decoder.mode, workers=s.decoder.workers, device_thread=s.decoder.device_thread
+            mode=auto.decoder_mode if s.decoder.mode == "auto" else s.decoder.mode,
+            workers=s.decoder.workers,
+            device_thread=s.decoder.device_thread,
         ),
         endpoint=EndpointConfig(
             blank_ms=s.asr.endpoint_blank_ms,
@@ -452,10 +459,13 @@ def engine_config(s: Settings, share: float = 1.0) -> EngineConfig:
 
 def default_engine_factory(settings: Settings) -> EngineFactory:
     def make(model: Any, on_fatal: Callable[[BaseException], None]) -> Any:
+        from asr_core.accelerator import this_process
         from asr_core.engine import AsrEngine
         from gateway.metrics import PrometheusEngineHooks
 
-        return AsrEngine(model, engine_config(settings), PrometheusEngineHooks(), on_fatal=on_fatal)
+        # One process: the engine runs where the model was loaded, so MLX here says which device.
+        config = engine_config(settings, on=this_process())
+        return AsrEngine(model, config, PrometheusEngineHooks(), on_fatal=on_fatal)
 
     return make
 
@@ -632,9 +642,10 @@ class Daemon:
             except Exception as e:
                 self.engine = None
                 raise StartupError(f"the ASR engine did not start: {e}", EXIT_FAILURE) from None
+            cfg = self.engine.config
             logger.info(
                 "ASR engine up in %.1f s: %d decoder workers (%s), max batch %d",
-                time.monotonic() - t0, s.decoder.workers, s.decoder.mode, s.encoder.max_batch,
+                time.monotonic() - t0, cfg.decoder.workers, cfg.decoder.mode, cfg.scheduler.max_batch,
             )  # fmt: skip
             legs = LocalLegs(self.engine, MediaManager.from_settings(s))
         self._clamp_max_calls()
@@ -755,7 +766,8 @@ class Daemon:
             "max batch %d",
             n, time.monotonic() - t0, ", ".join(f"{lo}-{hi}" for lo, hi in self.pool.slices),
             "es" if len(engines) > 1 else "", ", ".join(str(e.pid) for e in engines),
-            first.info.get("precision"), first.info.get("device"), s.decoder.mode, s.encoder.max_batch,
+            first.info.get("precision"), first.info.get("device"), first.config.decoder.mode,
+            first.config.scheduler.max_batch,
         )  # fmt: skip
         return self.legs
 
@@ -1169,6 +1181,7 @@ def main(args: argparse.Namespace) -> int:
 def _main_with_workers(settings: Settings, workers: int) -> int:
     """The multi-process model: the engine process loads the model and starts before anything here is
     bound (a bad bundle still ends the process with status 2 and one line), then the daemon."""
+    from asr_core.accelerator import AcceleratorProbeError, probe, profile
     from gateway.cuda_mps import MpsError, start_for_engines
 
     try:
@@ -1176,11 +1189,19 @@ def _main_with_workers(settings: Settings, workers: int) -> int:
     except StartupError as e:
         print(f"ttg serve: {e}", file=sys.stderr)
         return e.code
-    n_engines = min(settings.daemon.engines, workers)
-    if n_engines < settings.daemon.engines:
+    # Before any engine (and the MPS server they would run through) starts: the "auto" settings follow
+    # the device, which only a process that loads MLX can see.
+    try:
+        accelerator = probe()
+    except AcceleratorProbeError as e:
+        print(f"ttg serve: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+    wanted = settings.daemon.engines or profile(accelerator).engines
+    n_engines = min(wanted, workers)
+    if n_engines < wanted:
         logger.warning(
-            "TTG_DAEMON__ENGINES=%d but %d media workers: running %d engine processes",
-            settings.daemon.engines, workers, n_engines,
+            "%d engine processes (TTG_DAEMON__ENGINES) but %d media workers: running %d",
+            wanted, workers, n_engines,
         )  # fmt: skip
     try:
         mps, mps_note = start_for_engines(settings.daemon.cuda_mps, n_engines)
@@ -1188,7 +1209,7 @@ def _main_with_workers(settings: Settings, workers: int) -> int:
         print(f"ttg serve: {e}", file=sys.stderr)
         return EXIT_FAILURE
     try:
-        return _run_engines_and_daemon(settings, workers, choice, n_engines, mps, mps_note)
+        return _run_engines_and_daemon(settings, workers, choice, n_engines, accelerator, mps, mps_note)
     finally:
         if mps is not None:  # a start that failed: after the engines went (the daemon waits for them)
             mps.stop()
@@ -1199,6 +1220,7 @@ def _run_engines_and_daemon(
     workers: int,
     choice: ModelChoice,
     n_engines: int,
+    accelerator: Accelerator,
     mps: MpsServer | None,
     mps_note: str | None,
 ) -> int:
@@ -1217,7 +1239,7 @@ def _run_engines_and_daemon(
                 folder,
                 settings.model.precision,
                 # Legs are spread evenly over the engines (`place_leg`), however many workers feed each.
-                engine_config(settings, 1 / n_engines),
+                engine_config(settings, 1 / n_engines, on=accelerator),
                 front_ends=front_ends[k],
                 log_level=settings.log.level,
                 role="engine" if n_engines == 1 else f"engine_{k}",
@@ -1251,6 +1273,11 @@ def _run_engines_and_daemon(
             print("ttg serve: interrupted while loading the model", file=sys.stderr)
             return 130
         # Said once the engines are up: a bundle that does not load stays a one-line error.
+        memory = (
+            f", {accelerator.memory_limit / 2**30:.1f} GiB for a process" if accelerator.memory_limit else ""
+        )
+        logger.info("accelerator: %s%s; %d engine process%s", accelerator.kind, memory, n_engines,
+                    "es" if n_engines > 1 else "")  # fmt: skip
         if mps_note is not None:
             logger.info("CUDA MPS: %s", mps_note)
         metrics.CUDA_MPS.set(1 if mps is not None else 0)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from asr_core.accelerator import this_process
 from asr_core.engine import AsrEngine
 from asr_core.model import AsrModel
 from gateway.config import Settings
@@ -80,7 +81,7 @@ async def test_an_engine_failure_ends_every_call_and_exits_with_status_1(
     model = await asyncio.to_thread(AsrModel.load, tiny_bundle, "f32")
 
     def engine(m: Any, on_fatal: Any) -> AsrEngine:
-        return AsrEngine(FailingModel(m, 12), engine_config(settings), on_fatal=on_fatal)
+        return AsrEngine(FailingModel(m, 12), engine_config(settings, on=this_process()), on_fatal=on_fatal)
 
     daemon = Daemon(
         settings, model, ModelChoice(tiny_bundle, "tiny"), engine_factory=engine, install_signals=False

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from asr_core.accelerator import Accelerator
 from gateway.config import Settings
 from gateway.daemon import (
     EXIT_CONFIG,
@@ -29,6 +30,8 @@ from gateway.logs import OneLineFormatter
 from tests.e2e.conftest import PROCESS_MODES, REPO, Serve
 from tests.fixtures.telephony import MemoryPublisher
 from tools.ports import free_port
+
+CPU = Accelerator("cpu")
 
 
 def run_serve(
@@ -154,11 +157,11 @@ def test_metrics_bound_beyond_loopback_and_half_configured_auth_are_reported() -
 def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     from asr_core.config import EngineConfig
 
-    defaults = engine_config(Settings())
+    defaults = engine_config(Settings(), on=CPU)
     # The pools are sized for the call limit, or an engine process's share of it.
     assert defaults.streams == Settings().sip.max_calls == 200
-    assert engine_config(Settings(), 3 / 12).streams == 50
-    # The settings' defaults are the engine's own defaults (two places, one set of numbers).
+    assert engine_config(Settings(), 3 / 12, on=CPU).streams == 50
+    # On a CPU the settings' defaults are the engine's own defaults (two places, one set of numbers).
     assert (defaults.scheduler, defaults.decoder, defaults.endpoint, defaults.vad) == (
         EngineConfig().scheduler,
         EngineConfig().decoder,
@@ -184,7 +187,7 @@ def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.Mo
     monkeypatch.setenv("TTG_ASR__WORDS", "all")
     monkeypatch.setenv("TTG_ENCODER__CPU_THREADS", "3")
     assert defaults.cpu_threads == 1  # a deployment runs the CPU encoder's matmuls on one thread
-    cfg = engine_config(Settings())
+    cfg = engine_config(Settings(), on=CPU)
     assert cfg.cpu_threads == 3
     assert (cfg.decoder.mode, cfg.decoder.workers) == ("workers", 5)
     assert (cfg.scheduler.max_batch, cfg.scheduler.max_queued_chunks) == (128, 8)
@@ -203,8 +206,21 @@ def test_engine_config_comes_from_the_deployment_settings(monkeypatch: pytest.Mo
     assert cfg.endpoint.words == "all"
     # ...unless that is 0 dBFS (judge by tokens only): then the gate keeps the VAD's default.
     monkeypatch.setenv("TTG_ASR__ENDPOINT_ENERGY_DB", "0")
-    cfg = engine_config(Settings())
+    cfg = engine_config(Settings(), on=CPU)
     assert (cfg.endpoint.energy_db, cfg.vad.energy_db) == (0.0, EngineConfig().vad.energy_db)
+
+
+def test_on_a_cuda_card_the_auto_settings_decode_on_the_device_in_large_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h200 = Accelerator("cuda", 134 << 30)
+    cfg = engine_config(Settings(), 1 / 4, on=h200)
+    assert (cfg.decoder.mode, cfg.scheduler.max_batch) == ("device", 512)
+    # What is set stays as set, whatever the device.
+    monkeypatch.setenv("TTG_DECODER__MODE", "batched")
+    monkeypatch.setenv("TTG_ENCODER__MAX_BATCH", "128")
+    cfg = engine_config(Settings(), 1 / 4, on=h200)
+    assert (cfg.decoder.mode, cfg.scheduler.max_batch) == ("batched", 128)
 
 
 def test_flags_override_the_environment_which_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -99,10 +99,17 @@ gateway)
   # by the time limit still brings back the levels it finished (and only this run's: a summary left by
   # the run before must not pass for one).
   rm -rf /tmp/gw
+  # DEFAULTS=1: the gateway's own defaults for precision, decoding, batch size and engines (what an
+  # operator's plain `ttg serve` picks on this card) instead of the choices named here.
+  if [ "${DEFAULTS:-0}" = 1 ]; then
+    chosen=()
+  else
+    chosen=(--env TTG_MODEL__PRECISION=f16 --env TTG_DECODER__MODE=device
+      --env TTG_ENCODER__MAX_BATCH="${MAX_BATCH:-512}")
+  fi
   python3 -m gateway.cli bench gateway --levels "$levels" --call-seconds "${CALL_SECONDS:-20}" --cps 100 \
     --calls-per-replay 700 --audio "$KIT_AUDIO" --redis-server "$KIT_REDIS" \
-    --env TTG_MODEL__DIR=/tmp/full --env TTG_MODEL__PRECISION=f16 --env TTG_DECODER__MODE=device \
-    --env TTG_ENCODER__MAX_BATCH="${MAX_BATCH:-512}" --sip-port 5060 --http-port 9108 --redis-port 6379 \
+    --env TTG_MODEL__DIR=/tmp/full "${chosen[@]}" --sip-port 5060 --http-port 9108 --redis-port 6379 \
     --rtp-ports 20000-29999 --replay-rtp-ports 30000-49999 --out /tmp/gw ${GATEWAY_ARGS:-} &
   bench=$!
   # Kernels MLX compiles live, after the warm-up (its PTX cache, /tmp/mlx/VERSION/ptx, gains a file
