@@ -68,7 +68,8 @@ def this_process() -> Accelerator:
 
     if mx.default_device() != mx.gpu:
         return Accelerator("cpu")
-    kind: AcceleratorKind = "cuda" if mx.cuda.is_available() else "metal"
+    cuda = getattr(mx, "cuda", None)  # not in every MLX build for Apple silicon
+    kind: AcceleratorKind = "cuda" if cuda is not None and cuda.is_available() else "metal"
     return Accelerator(kind, int(mx.get_memory_limit()))
 
 
