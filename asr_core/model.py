@@ -193,12 +193,13 @@ class AsrModel:
         """
         import mlx.core as mx
 
+        from asr_core.accelerator import this_process
         from asr_core.bundle import load_bundle
         from asr_core.quant import QuantizedLinear
         from asr_core.tokenizer import Tokenizer
 
-        device = "gpu" if mx.default_device() == mx.gpu else "cpu"
-        if device == "gpu":
+        device = this_process().kind
+        if device != "cpu":
             memory, cache = gpu_memory_limits(mx.get_memory_limit(), device_share)
             mx.set_memory_limit(memory)
             mx.set_cache_limit(cache)

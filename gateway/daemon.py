@@ -614,7 +614,9 @@ class Daemon:
         from gateway.sink import RedisSink
 
         s = self.settings
-        init_metrics(model=self.choice.name)
+        # The device the model was loaded on: here, or by the engine processes (all on one accelerator).
+        device = self.model.info.device if self.model is not None else self.engine_processes[0].info["device"]
+        init_metrics(model=self.choice.name, device=device)
         try:
             self.sink = RedisSink.from_settings(s, on_degraded=self.readiness.set_sink_degraded)
         except OSError as e:

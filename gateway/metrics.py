@@ -253,7 +253,9 @@ TRANSCRIPT_TYPES = ("partial", "final")
 
 
 def init_metrics(
-    model: str = "", extra_labels: Iterable[tuple[Counter | Histogram, Sequence[str]]] = ()
+    model: str = "",
+    extra_labels: Iterable[tuple[Counter | Histogram, Sequence[str]]] = (),
+    device: str = "",
 ) -> None:
     """Create every known labelled series and set ttg_build_info. Call once at startup."""
     for ev_type in EVENT_TYPES:
@@ -280,10 +282,11 @@ def init_metrics(
     for metric, values in extra_labels:
         for value in values:
             metric.labels(value)
-    set_build_info(model)
+    set_build_info(model, device)
 
 
-def set_build_info(model: str = "") -> None:
+def set_build_info(model: str = "", device: str = "") -> None:
+    """`device`: where the engines run (cuda, metal or cpu: asr_core.accelerator)."""
     from gateway import __version__
 
     def version_of(dist: str) -> str:
@@ -299,6 +302,7 @@ def set_build_info(model: str = "") -> None:
             "mlx": version_of("mlx"),
             "onnxruntime": version_of("onnxruntime"),
             "model": model,
+            "device": device,
         }
     )
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import tests.ops.test_prometheus_live as live
+from asr_core.accelerator import this_process
 from tests.e2e.conftest import SIPP_DATA, Serve, Speech, sipp_calls, until
 from tests.fixtures import peers
 
@@ -50,6 +51,8 @@ async def test_live_metrics_of_the_daemon_feed_every_dashboard_panel(
         )
         status, text = gw.http("/metrics")
         assert status == 200
+        # Which device the engines run on, as MLX in this (test) process sees this machine.
+        assert gw.metric("ttg_build_info", device=this_process().kind) == 1
         check = subprocess.run(
             ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
         )
