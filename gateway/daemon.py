@@ -1198,12 +1198,13 @@ def _main_with_workers(settings: Settings, workers: int) -> int:
     except AcceleratorProbeError as e:
         print(f"ttg serve: {e}", file=sys.stderr)
         return EXIT_FAILURE
-    wanted = settings.daemon.engines or profile(accelerator).engines
-    n_engines = min(wanted, workers)
-    if n_engines < wanted:
+    # At most one engine per media worker (each worker feeds one engine): said only where the operator
+    # asked for more, the auto count just fits the workers there are.
+    n_engines = min(settings.daemon.engines or profile(accelerator).engines, workers)
+    if settings.daemon.engines > workers:
         logger.warning(
-            "%d engine processes (TTG_DAEMON__ENGINES) but %d media workers: running %d",
-            wanted, workers, n_engines,
+            "TTG_DAEMON__ENGINES=%d but %d media workers: running %d engine processes",
+            settings.daemon.engines, workers, n_engines,
         )  # fmt: skip
     try:
         mps, mps_note = start_for_engines(settings.daemon.cuda_mps, n_engines)

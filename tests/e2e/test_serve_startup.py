@@ -4,6 +4,7 @@ anything (a bad bundle, bad settings), and its startup checks say what an operat
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from asr_core.accelerator import Accelerator
 from gateway.config import Settings
 from gateway.daemon import (
     EXIT_CONFIG,
+    EXIT_FAILURE,
     CallLogPublisher,
     DaemonReadiness,
     StartupError,
@@ -90,6 +92,23 @@ def test_a_missing_bundle_directory_is_named(tmp_path: Path, mode: str) -> None:
     assert proc.returncode == EXIT_CONFIG
     assert proc.stderr.splitlines() == [
         f"ttg serve: cannot load the model bundle: {tmp_path / 'nowhere'}: not a directory"
+    ]
+
+
+def test_a_device_that_cannot_be_probed_stops_the_daemon_with_the_reason(
+    tiny_bundle: Path, tmp_path: Path
+) -> None:
+    """With media workers the first process never loads MLX: a child interpreter tells it which device
+    the engines get (what the auto settings follow). An MLX that does not load there stops `ttg serve`
+    with one line and status 1 before any engine starts."""
+    broken = tmp_path / "site" / "mlx"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("this MLX is broken")\n')
+    env = {"PYTHONPATH": os.pathsep.join([str(broken.parent), str(REPO)])}
+    proc = run_serve(tmp_path, "--model", str(tiny_bundle), env=env, mode="media_workers")
+    assert proc.returncode == EXIT_FAILURE
+    assert proc.stderr.splitlines() == [
+        "ttg serve: the accelerator probe failed: ImportError: this MLX is broken"
     ]
 
 
