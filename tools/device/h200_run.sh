@@ -201,6 +201,9 @@ for line in open("/tmp/gw/serve.log", errors="replace"):
         lines.append(line)
 print(f"{len(ids)} calls, {len(ours)} found in the log", "".join(lines[-3000:]), sep="\n")
 PY
+  # What each daemon settled at start (the accelerator, its engines, decoder and batch): into this log, as
+  # the log's tail above keeps only the levels' end at thousands of calls.
+  grep -E "accelerator:|ASR engine up|media workers up|CUDA MPS:" /tmp/gw/serve.log | head -n 20
   stamp "gateway levels done"
   # The one-process model on CUDA too: start, one short call, SIGTERM; exit status and abort marks.
   # Device decoding, as in the levels above: its MLX thread must end cleanly there too.
