@@ -32,6 +32,22 @@ def put(dst: np.ndarray, src: np.ndarray) -> None:
     dst[...] = src
 
 
+_zero_bytes = bytes(1 << 16)
+
+
+def zero(dst: np.ndarray) -> None:
+    """dst[...] = 0 for a C-contiguous writable array, holding the interpreter lock (one memcpy from a
+    zero buffer kept for the purpose, grown to the largest array asked for)."""
+    global _zero_bytes
+    if not (dst.flags.c_contiguous and dst.flags.writeable):
+        dst[...] = 0
+        return
+    if dst.nbytes > len(_zero_bytes):
+        _zero_bytes = bytes(max(dst.nbytes, 2 * len(_zero_bytes)))
+    if dst.nbytes:
+        dst.data.cast("B")[:] = memoryview(_zero_bytes)[: dst.nbytes]
+
+
 def floats(view: memoryview, offset: int, count: int) -> np.ndarray:
     """A writable copy of `count` little-endian float32 values at byte `offset` of `view` (a record in a
     shared ring, which goes back to its writer), copied holding the interpreter lock."""

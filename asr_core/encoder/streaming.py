@@ -383,7 +383,7 @@ class StreamingEncoder:
             meta = [up[h] for h in call.meta]
             links = [up[h] for h in call.links]
             frames, kv_new, conv_new = self._stack_fn(T, call.chained, ("stack", T, Bp))(
-                x, tuple(self._pools[:G]), self._pools[G], *meta[:4], meta[6], *links
+                x, tuple(self._pools[:G]), self._pools[G], *meta[:4], *links
             )
             self.calls["stack"] += 1
             if Bp > B:
@@ -396,7 +396,8 @@ class StreamingEncoder:
                 L, _, H, Bk, _, dh = kv_new.shape
                 words = kv_new.reshape(L, 2 * H, Bk * T, dh).view(self._word)
                 Lg = L // G
-                self._pending += [(g, meta[4], words[g * Lg : (g + 1) * Lg]) for g in range(G)]
+                kv_write = _ring_writes(meta[4], T, self._Lc)
+                self._pending += [(g, kv_write, words[g * Lg : (g + 1) * Lg]) for g in range(G)]
                 self._pending.append((G, meta[5], conv_new.view(self._word)))
             results.append((group, frames))
 
@@ -406,7 +407,10 @@ class StreamingEncoder:
         mx.eval([f for _, f in results], self._pools)
         t2 = time.perf_counter()
         for group, frames in results:
-            host = np.array(frames)
+            # The frames' host buffer (no copy), copied holding the interpreter lock (`hostcopy`).
+            view = np.asarray(frames)
+            host = np.empty(view.shape, view.dtype)
+            hostcopy.put(host, view)
             for k, r in enumerate(group):
                 pieces[r.index].append(host[k, : r.T])
         t3 = time.perf_counter()
@@ -496,29 +500,31 @@ class StreamingEncoder:
         return T
 
     def _stack_meta(self, group: list[_Row], T: int, padded: int) -> list[np.ndarray]:
-        """Per-row indices of one stack call of T frames per row (the gathers' four numbers a row for
-        `_cache_rows`, per-query valid cache counts, prompts; `padded` rows, the padding reading only
-        the zero row), the write indices of the committing rows, then per-query counts of the new
-        frames each query sees.
+        """Per-row numbers of one stack call of T frames per row, from which the device builds the
+        call's (rows, Lc) and (rows, T) indices: the gathers' four numbers a row (`_cache_rows`), the
+        conv pool's rows, the queries' four numbers a row (`_query_limits`), the prompts (`padded`
+        rows, the padding reading only the zero row), then the committing rows' ring and first frame
+        (`_ring_writes`) and their conv pool rows.
 
         A row holds one chunk, a short last chunk padded to T, or (a flush) several chunks: query i
         sits in chunk i // chunk and sees, as chunk by chunk (chunked_limited), the cached frames that
         chunk's left context reaches and the new frames up to its chunk's end or the row's last real
-        frame, whichever comes first. So no real query sees a padding frame."""
+        frame, whichever comes first. So no real query sees a padding frame.
+
+        Only (rows,) arrays are made here: numpy lets go of the interpreter lock in every operation on
+        more than a few hundred elements, and a step's thread then waits for the engine's other threads
+        (receiver, assemblers, decoder; the event loop in one process) at each, up to the switch
+        interval."""
         Lc, B = self._Lc, len(group)
         slot = np.fromiter((r.slot for r in group), np.int64, B)
         a0 = np.fromiter((r.stream.frames + r.ahead for r in group), np.int64, B)  # frames before the row
         chunk = np.fromiter((r.stream.lookahead + 1 for r in group), np.int64, B)
-        real = np.fromiter((r.T for r in group), np.int64, B)
         first = np.fromiter((r.first for r in group), bool, B)
         reach = (Lc // chunk) * chunk  # chunked_limited: Lc // chunk whole chunks to the left
-        ring = 1 + slot[:, None] * Lc
-        # The gathers' (rows, Lc) indices are built on the device from four numbers a row
-        # (`_cache_rows`): numpy lets go of the interpreter lock in every operation on that many
-        # elements, and a step's thread then waits for the engine's other threads at each.
+        ring = 1 + slot * Lc
         kv_rows = np.zeros((4, padded), np.int32)  # padding rows: no frame held, the zero row
         kv_rows[2] = Lc
-        kv_rows[0, :B] = ring[:, 0]
+        kv_rows[0, :B] = ring
         kv_rows[1, :B] = a0
         kv_rows[2, :B] = Lc - np.minimum(a0, reach)
         # A flush's second chunk (`ahead`): its newest cache slots are its first chunk's frames, which
@@ -526,25 +532,23 @@ class StreamingEncoder:
         kv_rows[3, :B] = np.fromiter((r.stream.frames for r in group), np.int64, B)
         conv_idx = np.zeros(padded, np.int32)
         conv_idx[:B] = np.where(first, 0, 1 + slot)
+        # Padding rows: no cache frame valid, every new frame seen (one chunk of T frames).
+        queries = np.zeros((4, padded), np.int32)
+        queries[1:] = T
+        queries[0, :B] = a0
+        queries[1, :B] = chunk
+        queries[2, :B] = reach
+        queries[3, :B] = np.fromiter((r.T for r in group), np.int64, B)
         prompt = np.zeros(padded, np.int32)
         prompt[:B] = np.fromiter((r.stream.prompt_id for r in group), np.int32, B)
-        ci = np.arange(T)[None, :] // chunk[:, None]
-        start = a0[:, None] + ci * chunk[:, None]
-        valid = np.zeros((padded, T), np.int32)
-        valid[:B] = np.clip(a0[:, None] - np.maximum(0, start - reach[:, None]), 0, Lc)
-        seen = np.full((padded, T), T, np.int32)
-        seen[:B] = np.minimum((ci + 1) * chunk[:, None], real[:, None])
-        kv_write = ring + (a0[:, None] + np.arange(T)[None, :]) % Lc
         commit = np.fromiter((not (r.flush or r.last) for r in group), bool, B)
-        kv_write, slot = kv_write[commit], slot[commit]
         return [
             kv_rows,
             conv_idx,
-            valid,
+            queries,
             prompt,
-            kv_write.reshape(-1).astype(np.int32),
-            (1 + slot).astype(np.int32),
-            seen,
+            np.stack([ring[commit], a0[commit]]).astype(np.int32),
+            (1 + slot[commit]).astype(np.int32),
         ]
 
     def _bucket(self, B: int) -> int:
@@ -762,9 +766,8 @@ def _stack_step(
     conv_pool: mx.array,
     kv_rows: mx.array,
     conv_idx: mx.array,
-    valid: mx.array,
+    queries: mx.array,
     prompt: mx.array,
-    seen: mx.array,
     parent: mx.array | None = None,
     follows: mx.array | None = None,
     conv_ctx: mx.array | None = None,
@@ -780,6 +783,7 @@ def _stack_step(
     chain = None
     if parent is not None and follows is not None and conv_ctx is not None:
         chain = (parent, follows, conv_ctx)
+    valid, seen = _query_limits(queries, x.shape[1], params.cfg.left_context_frames)
     return encoder_stack(params, x, kv_cache, conv_cache, valid, prompt, seen, chain)
 
 
@@ -838,7 +842,7 @@ class _Uploads:
         n = int(np.prod(shape))
         start = self._room(n, shape, np.dtype(np.float32))
         words = self._buffer[start : start + n]
-        words[:] = 0
+        hostcopy.zero(words)
         return len(self._parts) - 1, words.view(np.float32).reshape(shape)
 
     def add(self, a: np.ndarray) -> int:
@@ -892,6 +896,26 @@ def _cache_rows(kv_rows: mx.array, Lc: int) -> mx.array:
     frame = a0 - Lc + j
     held = (j >= lo) & (frame < committed)
     return mx.where(held, ring + mx.remainder(frame, Lc), 0)
+
+
+def _query_limits(queries: mx.array, T: int, Lc: int) -> tuple[mx.array, mx.array]:
+    """Per query (rows, T) of a stack call, from (4, rows): per row the frames before it (a0), its
+    chunk's frames, the left context's reach in whole chunks, and its real frames. Query t sits in
+    chunk t // chunk; it sees the newest `valid` cache slots (those its chunk's left context reaches)
+    and the first `seen` new frames (its chunk's end, or the row's last real frame)."""
+    a0, chunk, reach, real = (queries[i][:, None] for i in range(4))
+    ci = mx.arange(T, dtype=mx.int32)[None, :] // chunk
+    start = a0 + ci * chunk
+    valid = mx.clip(a0 - mx.maximum(start - reach, 0), 0, Lc)
+    seen = mx.minimum((ci + 1) * chunk, real)
+    return valid, seen
+
+
+def _ring_writes(rows: mx.array, T: int, Lc: int) -> mx.array:
+    """The pool rows the committing rows' T new frames go to, flat, from (2, rows): each row's ring
+    (its first pool row) and the frames before it; frame f of a stream lives in ring row f % Lc."""
+    ring, a0 = rows[0][:, None], rows[1][:, None]
+    return (ring + mx.remainder(a0 + mx.arange(T, dtype=mx.int32)[None, :], Lc)).reshape(-1)
 
 
 def _take_values(pool: mx.array, idx: mx.array, dtype: mx.Dtype) -> mx.array:

@@ -89,6 +89,32 @@ def test_put_is_numpy_assignment_where_one_memcpy_is_not(dst: np.ndarray, src: n
     np.testing.assert_array_equal(dst, expected)
 
 
+def test_zero_clears_a_large_buffer_without_letting_another_thread_run() -> None:
+    # A step's mel input (rows x frames x mels) is cleared before its rows are copied in.
+    buffers = [np.ones(1 << 20, np.float32) for _ in range(10)]
+
+    def clear() -> None:
+        for b in buffers:
+            hostcopy.zero(b)
+
+    assert turns_of_a_busy_thread(clear, interval=0.5) == 0
+    assert not any(b.any() for b in buffers)
+
+
+@pytest.mark.parametrize(
+    "dst",
+    [
+        np.ones((3, 4), np.float32)[:, 1],  # strided: numpy's assignment
+        np.ones((2, 3), np.int32),
+        np.ones((0, 3), np.float32),
+        np.ones(9 << 20, np.uint8),  # larger than the buffers cleared above
+    ],
+)
+def test_zero_sets_every_element_to_zero(dst: np.ndarray) -> None:
+    hostcopy.zero(dst)
+    assert dst.size == 0 or not dst.any()
+
+
 def test_floats_is_a_writable_copy_of_little_endian_values() -> None:
     values = np.arange(10, dtype="<f4")
     ring = bytearray(values.tobytes())
