@@ -306,9 +306,15 @@ class StreamingEncoder:
         for s in subs:
             n, first, last = s.key
             group, B, Bp = s.group, len(s.group), self._bucket(len(s.group))
-            mel_in, mel = up.zeros((Bp, n, self.cfg.n_mels))  # filled before the next add
+            mel_in, mel = up.empty((Bp, n, self.cfg.n_mels))  # filled before the next add
+            # Each row's frames, zeros after a short row's and in the padding rows; both keep the
+            # interpreter lock (hostcopy).
             for k, r in enumerate(group):
-                hostcopy.put(mel[k, : r.mel.shape[0]], r.mel)  # keeps the interpreter lock (hostcopy)
+                m = r.mel.shape[0]
+                hostcopy.put(mel[k, :m], r.mel)
+                if m < n:
+                    hostcopy.zero(mel[k, m:])
+            hostcopy.zero(mel[B:])
             slots = np.zeros(Bp, np.int32)  # padding rows gather the zero row
             slots[:B] = [1 + r.slot for r in group]
             s.chained = not first and (self.compiled or any(r.follows for r in group))
@@ -836,13 +842,13 @@ class _Uploads:
         self._parts.clear()
         self._views.clear()
 
-    def zeros(self, shape: tuple[int, ...]) -> tuple[int, np.ndarray]:
-        """A float32 input to fill in place (zeros until then): its handle and a writable view, valid
-        until the next `zeros` or `add` (the buffer may move when it grows)."""
+    def empty(self, shape: tuple[int, ...]) -> tuple[int, np.ndarray]:
+        """A float32 input to fill in place, every element of it (it holds the last step's values until
+        then): its handle and a writable view, valid until the next `empty` or `add` (the buffer may
+        move when it grows)."""
         n = int(np.prod(shape))
         start = self._room(n, shape, np.dtype(np.float32))
         words = self._buffer[start : start + n]
-        hostcopy.zero(words)
         return len(self._parts) - 1, words.view(np.float32).reshape(shape)
 
     def add(self, a: np.ndarray) -> int:
