@@ -90,7 +90,7 @@ def test_put_is_numpy_assignment_where_one_memcpy_is_not(dst: np.ndarray, src: n
 
 
 def test_zero_clears_a_large_buffer_without_letting_another_thread_run() -> None:
-    # A step's mel input (rows x frames x mels) is cleared before its rows are copied in.
+    # A step's padding rows of mel (rows x frames x mels) are cleared so.
     buffers = [np.ones(1 << 20, np.float32) for _ in range(10)]
 
     def clear() -> None:
