@@ -12,7 +12,8 @@
 #                         (tools/device/ab.sh runs a phase with each code in turn)
 #   DEST/repo/.whl/       MLX + its trimmed CUDA backend (MLX_STAGE_SCRIPT, default
 #                         ../shared/tools/stage_mlx_cuda.sh) and, in extra/, cp312 manylinux wheels of
-#                         the gateway's dependencies the image lacks (device_env.sh installs them)
+#                         the gateway's dependencies the image lacks (device_env.sh installs them), and
+#                         py-spy's (PROFILER=0: not)
 #   DEST/repo/.kit/redis.tar.xz   redis-server and the shared libraries it links (not glibc)
 #   DEST/repo/.kit/espeak.tar.xz  espeak-ng, its libraries and data (tools/demo_model/espeak_bundle.sh)
 #   DEST/repo/.kit/audio/         espeak-ng speech for the calls
@@ -64,9 +65,12 @@ done
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dest/repo/.whl/extra" "${pins[@]}"
-# py-spy (a profiler, one static binary) for the profiling phases; the runs go on without it.
-"$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux1_x86_64 \
-  -d "$dest/repo/.whl/extra" py-spy==0.4.3 || echo "py-spy not staged: the runs will not profile" >&2
+# py-spy (a profiler, one static binary, ~3 MB) for the profiling phases; the runs go on without it.
+# PROFILER=0 leaves it out: a kit with BEFORE= is otherwise past the device's limit.
+if [ "${PROFILER:-1}" = 1 ]; then
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux1_x86_64 \
+    -d "$dest/repo/.whl/extra" py-spy==0.4.3 || echo "py-spy not staged: the runs will not profile" >&2
+fi
 
 # 4. redis-server with its libraries (glibc stays the host's; kit_env.sh puts the host's library folders
 #    first, so ours only fill in what the image does not have).
@@ -98,4 +102,10 @@ generate_espeak(Path(sys.argv[1]), int(sys.argv[2]))
 
 for part in "$dest/repo/.whl" "$dest/repo/.kit"; do du -sh "$part"; done
 du -sh --exclude=.whl --exclude=.kit "$dest/repo"
-echo "add the tracked files of the repository the device call sends: all of it must stay under 64 MiB"
+# The call sends the checkout's tracked files too (and its untracked ones that git does not ignore), and
+# counts what they take on disk (whole blocks), not their bytes.
+kit_kib=$(du -sk "$dest/repo" | cut -f1)
+tracked_kib=$(cd "$root" && git ls-files -z | xargs -0 du -k 2>/dev/null | awk '{s += $1} END {print s + 0}')
+total_mib=$(( (kit_kib + tracked_kib) / 1024 ))
+echo "the kit and the checkout's tracked files: $total_mib MiB of the device call's 64 MiB"
+[ "$total_mib" -lt 64 ] || echo "past the limit: stage with PROFILER=0, or fewer KIT_AUDIO_FILES" >&2
