@@ -32,6 +32,14 @@ def put(dst: np.ndarray, src: np.ndarray) -> None:
     dst[...] = src
 
 
+def copy(src: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `src` (such as the host view of a device array, whose memory the device
+    reuses), made by `put`."""
+    dst = np.empty(src.shape, src.dtype)
+    put(dst, src)
+    return dst
+
+
 _zero_bytes = bytes(1 << 16)
 
 

@@ -231,7 +231,7 @@ class DeviceDecoder:
             busy = mx.any(t < lens)
             mx.eval(busy, *stacked, self._g, self._h, self._c)
             self.syncs += 1
-            part = [np.array(x) for x in stacked]
+            part = [hostcopy.copy(np.asarray(x)) for x in stacked]  # keeps the interpreter lock
             host = part if not host else [np.concatenate([a, b]) for a, b in zip(host, part, strict=True)]
             if queued >= budget or not busy.item():
                 break

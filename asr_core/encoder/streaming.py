@@ -414,9 +414,7 @@ class StreamingEncoder:
         t2 = time.perf_counter()
         for group, frames in results:
             # The frames' host buffer (no copy), copied holding the interpreter lock (`hostcopy`).
-            view = np.asarray(frames)
-            host = np.empty(view.shape, view.dtype)
-            hostcopy.put(host, view)
+            host = hostcopy.copy(np.asarray(frames))
             for k, r in enumerate(group):
                 pieces[r.index].append(host[k, : r.T])
         t3 = time.perf_counter()

@@ -89,6 +89,26 @@ def test_put_is_numpy_assignment_where_one_memcpy_is_not(dst: np.ndarray, src: n
     np.testing.assert_array_equal(dst, expected)
 
 
+def test_copy_is_an_independent_copy_made_without_letting_another_thread_run() -> None:
+    _, src = rows()
+    out: list[np.ndarray] = []
+
+    def copy() -> None:
+        out.extend(hostcopy.copy(s) for s in src)
+
+    assert turns_of_a_busy_thread(copy, interval=0.5) == 0
+    np.testing.assert_array_equal(np.stack(out), np.stack(src))
+    src[0][0, 0] += 1.0  # the source's memory is reused; the copy is not
+    assert out[0][0, 0] != src[0][0, 0] and out[0].flags.c_contiguous and out[0].flags.writeable
+
+
+def test_copy_of_a_strided_array_is_a_contiguous_equal_one() -> None:
+    src = np.arange(12, dtype=np.int32).reshape(3, 4).T
+    out = hostcopy.copy(src)
+    np.testing.assert_array_equal(out, src)
+    assert out.flags.c_contiguous and out.dtype == src.dtype
+
+
 def test_zero_clears_a_large_buffer_without_letting_another_thread_run() -> None:
     # A step's padding rows of mel (rows x frames x mels) are cleared so.
     buffers = [np.ones(1 << 20, np.float32) for _ in range(10)]
