@@ -102,10 +102,11 @@ generate_espeak(Path(sys.argv[1]), int(sys.argv[2]))
 
 for part in "$dest/repo/.whl" "$dest/repo/.kit"; do du -sh "$part"; done
 du -sh --exclude=.whl --exclude=.kit "$dest/repo"
-# The call sends the checkout's tracked files too (and its untracked ones that git does not ignore): counted
+# The call sends the checkout's tracked files too, and its untracked ones that git does not ignore: counted
 # on disk (whole blocks), the larger of the two measures, so that a kit this passes is not refused.
 kit_kib=$(du -sk "$dest/repo" | cut -f1)
-tracked_kib=$(cd "$root" && git ls-files -z | xargs -0 du -k 2>/dev/null | awk '{s += $1} END {print s + 0}')
-total_mib=$(( (kit_kib + tracked_kib) / 1024 ))
-echo "the kit and the checkout's tracked files: $total_mib MiB of the device call's 64 MiB"
+sent_kib=$(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 du -k 2>/dev/null \
+  | awk '{s += $1} END {print s + 0}')
+total_mib=$(( (kit_kib + sent_kib) / 1024 ))
+echo "the kit and the checkout's files the call sends: $total_mib MiB of the device call's 64 MiB"
 [ "$total_mib" -lt 64 ] || echo "past the limit: stage with PROFILER=0, or fewer KIT_AUDIO_FILES" >&2
