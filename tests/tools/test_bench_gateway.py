@@ -384,3 +384,41 @@ def test_the_gateway_measured_is_the_checkout_the_bench_was_imported_from_even_t
         check=True,
     )
     assert Path(out.stdout.strip()).resolve() == other.resolve()  # tmp_path may sit behind a link itself
+
+
+def test_a_capacity_search_reports_the_capacity_and_each_level_it_tried_not_a_level_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """`--find-capacity` runs one replay process that searches the levels itself: the summary shows its
+    bound, capacity and per-level table (the replay's capacity.md), and the bench's own row is the whole
+    search's (CPU, batches), labelled as such, with no latencies of a level it never ran as one."""
+    from tests.tools.test_replay_report import level_report
+    from tools.bench.gateway import _capacity_text, _table
+    from tools.replay import report
+
+    levels = tuple(
+        report.CapacityLevel(n, level_report([0.2 + 0.01 * n] * 20).summary, n < 8, "" if n < 8 else "p95")
+        for n in (1, 2, 4, 8)
+    )
+    cap = report.CapacityReport(bound_s=0.5, baseline_p95_s=0.2, capacity=4, levels=levels)
+    report.write_capacity_markdown(cap, tmp_path / "capacity.md", ["latency_vs_concurrency.png"])
+    row = {
+        "level": 8,
+        "capacity": cap.to_dict(),
+        "capacity_report": str(tmp_path / "capacity.md"),
+        "mean_batch": 5.5,
+        "cpu_percent": {"gateway": 97.0},
+    }
+
+    text = _capacity_text([row])
+    assert "Highest concurrency that held: **4**" in text and "Bound: p95 time-to-final ≤ **500 ms**" in text
+    rows = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")]
+    assert rows == ["concurrency", "---", "1", "2", "4", "8"]
+    assert "# ttg replay" not in text and ".png" not in text
+
+    table = _table([row])
+    assert "| search, 1 … 8 | - | - / - | - |" in table and "None" not in table and "gateway 97" in table
+
+    row["capacity"] = None  # the replay wrote no result
+    assert _capacity_text([row]) == "capacity search up to 8 calls: no result (see the replay's log)"
+    assert _capacity_text([{"level": 8, "completed": 8}]) == ""  # a fixed level has no search

@@ -47,6 +47,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -737,6 +738,7 @@ def run_level(
     if args.find_capacity:
         cap = folders[0] / "capacity.json"
         out["capacity"] = json.loads(cap.read_text()) if cap.exists() else None
+        out["capacity_report"] = str(folders[0] / "capacity.md")
     else:
         out.update(_merge_reports(folders))
     out.update(_engine_numbers(before, after, t1 - t0))
@@ -809,6 +811,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
     )
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in rows:
+        # A capacity search is one row: the whole search's CPU, batches and drops, no level's latencies
+        # (those are in its own table, `_capacity_text`).
+        label = f"search, 1 … {r['level']}" if "capacity" in r else str(r["level"])
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.get("cpu_percent", {}).items()))
         if "machine_busy_cores_mean" in r:
             cpu += (
@@ -829,13 +834,35 @@ def _table(rows: list[dict[str, Any]]) -> str:
         if r.get("finals_outside"):
             missing += f" ({r['finals_outside']} finals outside every utterance: in no TTF)"
         lines.append(
-            f"| {r['level']} | {r.get('completed', '-')} | "
-            f"{r.get('ttf_p50_s')} / {r.get('ttf_p95_s')}{missing} | "
-            f"{r.get('ttfp_p50_s')} | {r.get('rtp_received_percent')} % | {r.get('mean_batch')} | "
-            f"{r.get('mean_step_ms')} | {r.get('steps_per_s')} | {r.get('mean_decoder_step_ms')} | "
-            f"{r.get('dropped_chunks')} | {gpu} | {cpu} |"
+            f"| {label} | {r.get('completed', '-')} | "
+            f"{_or_dash(r.get('ttf_p50_s'))} / {_or_dash(r.get('ttf_p95_s'))}{missing} | "
+            f"{_or_dash(r.get('ttfp_p50_s'))} | {_or_dash(r.get('rtp_received_percent'))} % | "
+            f"{_or_dash(r.get('mean_batch'))} | {_or_dash(r.get('mean_step_ms'))} | "
+            f"{_or_dash(r.get('steps_per_s'))} | {_or_dash(r.get('mean_decoder_step_ms'))} | "
+            f"{_or_dash(r.get('dropped_chunks'))} | {gpu} | {cpu} |"
         )
     return "\n".join(lines)
+
+
+def _or_dash(value: Any) -> Any:
+    return "-" if value is None else value
+
+
+def _capacity_text(rows: list[dict[str, Any]]) -> str:
+    """A capacity search's result: the load generator's own table of the levels it tried (its
+    capacity.md, without the title and plots), or why there is none."""
+    parts = []
+    for r in rows:
+        if "capacity" not in r:
+            continue
+        report = Path(r.get("capacity_report", ""))
+        if r["capacity"] is None or not report.is_file():
+            parts.append(f"capacity search up to {r['level']} calls: no result (see the replay's log)")
+            continue
+        lines = report.read_text(encoding="utf-8").splitlines()
+        body = "\n".join(line for line in lines if not line.startswith(("# ", "![")))
+        parts.append(re.sub(r"\n{3,}", "\n\n", body).strip())
+    return "\n\n".join(parts)
 
 
 def _admission_lines(rows: list[dict[str, Any]]) -> str:
@@ -968,6 +995,9 @@ def main(args: argparse.Namespace) -> int:
             summary["levels"] = rows
             (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     table = _table(rows)
+    capacity = _capacity_text(rows)
+    if capacity:
+        table = f"{capacity}\n\nThe whole search:\n\n{table}"
     admission = _admission_lines(rows)
     (args.out / "summary.md").write_text(
         f"command: `{summary['command']}`\n\nload before/after: {summary['load_before']} / "
