@@ -341,6 +341,13 @@ def test_missing_finals_count_as_infinitely_late_in_the_capacity_p95() -> None:
     held, why = capacity.judge(level_report(ttfs), 10.0)
     assert not held and "without a final" in why
     assert capacity.p95_with_missing(level_report([0.3] * 19 + [None])) == pytest.approx(0.3)
+    # Over the bound with a final missing: the reason says the missing one counted, since the report's p95
+    # column (over the finals that came) reads lower than the p95 judged.
+    assert capacity.judge(level_report([0.6] * 19 + [None]), 0.5) == (
+        False,
+        "p95 600 ms > bound (1 of 20 utterances without a final, counted as late)",
+    )
+    assert capacity.judge(level_report([0.6] * 20), 0.5) == (False, "p95 600 ms > bound")
 
 
 def test_capacity_plot_is_written(tmp_path: Path) -> None:
